@@ -1,0 +1,107 @@
+"""The target (verifier) model: forwards over a cached prefix, with tree attention."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from tss_opt.evaluation.decoding.cache import SkipAwareCache
+from tss_opt.evaluation.decoding.skip import SkipController
+from tss_opt.evaluation.decoding.tree import DraftTree
+
+
+class ContextLengthError(ValueError):
+    """A prompt (plus the tokens to generate) does not fit the model's context."""
+
+
+class TargetModel:
+    """A causal LM seen as the speculative-decoding target.
+
+    Args:
+        model: a transformers causal LM (decoder + ``lm_head``), in eval mode.
+        layers_path: attribute path of the decoder-layer list (model facts are config).
+        max_context: positions the model supports; defaults to ``max_position_embeddings``.
+    """
+
+    def __init__(self, model: Any, layers_path: str = "model.layers", max_context: int | None = None) -> None:
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.skipper = SkipController.for_model(model, layers_path)
+        self.num_layers = self.skipper.num_layers
+        self.max_context = int(max_context or getattr(model.config, "max_position_embeddings", 1 << 30))
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+
+    def skip(self, layers: Iterable[int]) -> AbstractContextManager[frozenset[int]]:
+        """Context manager: bypass ``layers`` (the project's one skip mechanism)."""
+        return self.skipper.apply(layers)
+
+    def new_cache(self) -> SkipAwareCache:
+        return SkipAwareCache(config=self.model.config)
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int, max_draft: int = 0) -> None:
+        need = prompt_len + max_new_tokens + max_draft + 1
+        if need > self.max_context:
+            raise ContextLengthError(
+                f"the prompt has {prompt_len} tokens; with max_new_tokens={max_new_tokens} (+{max_draft} draft "
+                f"slots) it needs {need} positions but the model supports {self.max_context}. "
+                "Shorten the prompt or lower max_new_tokens."
+            )
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor, cache: SkipAwareCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the prompt through the model, filling ``cache``.
+
+        Args:
+            prompt_ids: ``torch.LongTensor`` of shape ``(P,)``.
+
+        Returns:
+            ``(logits, hidden)``: ``logits`` of shape ``(1, vocab)`` at the last position only
+            (projecting every position costs ``P x vocab``), ``hidden`` of shape ``(P, hidden)``.
+        """
+        ids = prompt_ids.to(self.device).unsqueeze(0)
+        pos = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+        out = self.decoder(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+        hidden = out.last_hidden_state[0]  # [P, H]
+        return self.lm_head(hidden[-1:]), hidden
+
+    @torch.inference_mode()
+    def verify_forward(
+        self, root_token: int, tree: DraftTree, cache: SkipAwareCache, prefix_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over ``[root] + tree`` on a cached prefix of ``prefix_len`` tokens.
+
+        Every slot attends to the whole prefix, its ancestors and itself; positions are
+        ``prefix_len + depth`` (FACTS.md: an explicit additive 4-D float mask plus explicit
+        ``position_ids``; a 4-D mask is used as given and never asks the cache for sizes, so
+        skipped layers with shorter caches cannot corrupt it).
+
+        Returns:
+            ``(logits, hidden)`` of shapes ``(n + 1, vocab)`` and ``(n + 1, hidden)``: row 0
+            is the root, row ``i + 1`` is node ``i``.
+        """
+        n1 = len(tree) + 1
+        ids = torch.empty(1, n1, dtype=torch.long, device=self.device)
+        ids[0, 0] = root_token
+        if n1 > 1:
+            ids[0, 1:] = tree.tokens.to(self.device)
+        depth = torch.tensor((0, *tree.depth), dtype=torch.long, device=self.device)
+        pos = (prefix_len + depth).unsqueeze(0)  # [1, n+1]
+        mask = self.tree_mask(tree, prefix_len)
+        out = self.decoder(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+        hidden = out.last_hidden_state[0]  # [n+1, H]
+        return self.lm_head(hidden), hidden
+
+    def tree_mask(self, tree: DraftTree, prefix_len: int) -> torch.Tensor:
+        """Additive mask of shape ``(1, 1, n + 1, prefix_len + n + 1)``: 0 where a slot may
+        attend, the dtype's minimum elsewhere (a bool or 0/1 mask is silently wrong under
+        "eager" attention, FACTS.md)."""
+        allowed = tree.ancestor_matrix().to(self.device)  # [n+1, n+1]
+        n1 = allowed.shape[0]
+        mask = torch.zeros(1, 1, n1, prefix_len + n1, dtype=self.dtype, device=self.device)
+        mask[0, 0, :, prefix_len:].masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return mask

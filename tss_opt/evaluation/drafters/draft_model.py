@@ -1,0 +1,114 @@
+"""A separate causal LM (sharing the target's tokenizer) drafts a chain; also self-drafting.
+
+Self-drafting is the same drafter with the target's own weights under a fixed, larger skip
+set (Draft & Verify, LayerSkip): it keeps its own KV cache, so the target's cache never sees
+draft tokens, and it applies its skip set through the one skip mechanism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from tss_opt.evaluation.decoding.cache import SkipAwareCache, crop_to
+from tss_opt.evaluation.decoding.skip import SkipController
+from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.evaluation.drafters.base import Drafter
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts ``num_tokens`` tokens autoregressively with a small causal LM.
+
+    Args:
+        model: a transformers causal LM with the target's vocabulary.
+        num_tokens: chain length per step.
+        temperature: 0 drafts greedily (``probs`` left unset); > 0 samples and returns ``q``.
+        skip: layers of ``model`` bypassed while drafting (self-drafting); empty otherwise.
+        layers_path: where ``model`` keeps its decoder layers (for ``skip``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        num_tokens: int = 5,
+        temperature: float = 0.0,
+        skip: Iterable[int] = (),
+        layers_path: str = "model.layers",
+        seed: int = 0,
+    ) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"draft num_tokens={num_tokens}; expected >= 1")
+        self.model = model
+        self.num_tokens = num_tokens
+        self.temperature = temperature
+        self.skip = frozenset(int(i) for i in skip)
+        self._skipper = SkipController.for_model(model, layers_path) if self.skip else None
+        if self._skipper is not None:
+            from tss_opt.evaluation.decoding.skip import validate_skip
+
+            validate_skip(self.skip, self._skipper.num_layers)
+        self.device = next(model.parameters()).device
+        self._gen = torch.Generator().manual_seed(seed)
+        self._cache: SkipAwareCache | None = None
+        self._seen: list[int] = []  # tokens whose keys/values are in self._cache
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self._cache = SkipAwareCache(config=self.model.config)
+        self._seen = []
+
+    def _ctx(self) -> Any:
+        return self._skipper.apply(self.skip) if self._skipper is not None else nullcontext()
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """Append ``ids`` to the draft cache; return ``(vocab,)`` logits after the last one."""
+        assert self._cache is not None
+        start = len(self._seen)
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=x, position_ids=pos, cache=self._cache, use_cache=True, logits_to_keep=1)
+        self._seen.extend(ids)
+        return out.logits[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, context: torch.Tensor) -> DraftTree:
+        if self._cache is None:
+            self.reset(context)
+        ctx = context.tolist()
+        # Roll the draft cache back to the longest prefix it shares with the committed text.
+        common = 0
+        for a, b in zip(self._seen, ctx):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ctx) - 1)  # always re-feed at least the last token
+        crop_to(self._cache, common)
+        del self._seen[common:]
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        with self._ctx():
+            logits = self._forward(ctx[common:])
+            for k in range(self.num_tokens):
+                if self.temperature > 0:
+                    q = torch.softmax(logits.float() / self.temperature, dim=-1)
+                    tok = int(torch.multinomial(q.cpu(), 1, generator=self._gen))
+                    probs.append(q)
+                else:
+                    tok = int(logits.argmax())
+                tokens.append(tok)
+                if k + 1 < self.num_tokens:
+                    logits = self._forward([tok])
+        return DraftTree.chain(tokens, probs=torch.stack(probs) if probs else None)
+
+
+class SelfDrafter(DraftModelDrafter):
+    """The target drafts for itself under a fixed, larger skip set."""
+
+    def __init__(self, target_model: Any, skip: Iterable[int], num_tokens: int = 5, **kwargs: Any) -> None:
+        skip = frozenset(skip)
+        if not skip:
+            raise ValueError("self-drafting needs a non-empty draft skip set (drafter.skip), e.g. [4, 5, 6, 7]")
+        super().__init__(target_model, num_tokens=num_tokens, skip=skip, **kwargs)

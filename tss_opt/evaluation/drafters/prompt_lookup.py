@@ -1,0 +1,48 @@
+"""Prompt-lookup decoding (PLD): copy the continuation of an earlier n-gram match.
+
+Saxena 2023, as in transformers' ``PromptLookupCandidateGenerator``: the last ``n`` tokens
+(``n`` from ``max_ngram`` down to ``min_ngram``) are searched for in prompt and output; the
+tokens after the most recent earlier match are proposed as a chain.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.evaluation.drafters.base import Drafter
+
+
+class PromptLookupDrafter(Drafter):
+    """Model-free chain drafter.
+
+    Args:
+        num_tokens: tokens proposed per step (at most).
+        max_ngram: longest suffix searched for.
+        min_ngram: shortest suffix searched for.
+    """
+
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:
+            raise ValueError(
+                f"prompt lookup needs num_tokens >= 1 and 1 <= min_ngram <= max_ngram; got "
+                f"num_tokens={num_tokens}, min_ngram={min_ngram}, max_ngram={max_ngram}"
+            )
+        self.num_tokens = num_tokens
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, context: torch.Tensor) -> DraftTree:
+        L = int(context.numel())
+        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
+            suffix = context[L - n :]
+            # windows: [L - n, n]; the last window is the suffix itself, so search before it.
+            windows = context[: L - 1].unfold(0, n, 1)
+            hits = (windows == suffix).all(dim=1).nonzero()
+            if hits.numel() == 0:
+                continue
+            start = int(hits[-1]) + n  # most recent match: its continuation starts here
+            cont = context[start : min(start + self.num_tokens, L)]
+            if cont.numel() > 0:
+                return DraftTree.chain(cont.clone())
+        return DraftTree.empty()

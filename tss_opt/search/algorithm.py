@@ -1,0 +1,387 @@
+"""Algorithm 1 of TSS as pure functions: levels, candidate pool, feasibility, Pareto, selection.
+
+Nothing here touches Optuna or a model. :func:`plan_search` replays the breadth-first search
+over whatever results exist so far and says what the next configurations are; the sampler
+calls it on the trials read back from the storage, so the whole search state is a function
+of the stored trials (any worker can compute it; none keeps a private queue).
+
+Orders and tie rules (all deterministic):
+
+- Configurations of one level are listed in canonical order: by their sorted layer tuple
+  (``itertools.combinations`` order over the ascending pool). ``max_trials`` keeps a prefix.
+- Beam ranking (appendix): higher acceptance, then larger ``|S|``, then higher tokens/s
+  (missing counts as lowest), then canonical order.
+- ``min_cost``: least cost, then higher acceptance, then better metric, then larger ``|S|``,
+  then canonical order. The dense baseline competes (then S* is the empty set).
+- ``triple_win``: among evaluated sets with metric and acceptance not worse than dense and
+  tokens/s not lower than dense (checked only when the dense run reports tokens/s): higher
+  acceptance, then larger ``|S|``, then higher tokens/s, then canonical order; the empty set
+  when none qualifies.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tss_opt.search.settings import SearchSettings
+
+__all__ = [
+    "Config",
+    "LevelPlan",
+    "Measurement",
+    "SearchPlan",
+    "Thresholds",
+    "beam_rank_key",
+    "candidate_pool",
+    "canonical",
+    "pareto_front",
+    "plan_search",
+    "select",
+    "select_min_cost",
+    "select_triple_win",
+    "thresholds_for",
+]
+
+Config = frozenset  # frozenset[int]: the skipped layers
+
+
+def canonical(config: Iterable[int]) -> tuple[int, ...]:
+    """The canonical form of a skip set: its layers in ascending order."""
+    return tuple(sorted(config))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one evaluation of a skip set gave (the objectives Algorithm 1 uses)."""
+
+    accept_length: float
+    metric: float
+    cost: float
+    tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Lower bound on acceptance and bound on the metric (lower or upper, per direction)."""
+
+    accept: float
+    metric: float
+    metric_higher_is_better: bool = True
+
+    def constraints(self, m: Measurement) -> tuple[float, float]:
+        """Constraint values ``(c_A, c_M)``; the configuration satisfies both when each <= 0.
+
+        For a higher-is-better metric: ``c_A = (A0 - eps_A) - A`` and ``c_M = (M0 - eps_M) - M``.
+        """
+        c_metric = self.metric - m.metric if self.metric_higher_is_better else m.metric - self.metric
+        return (self.accept - m.accept_length, c_metric)
+
+    def satisfied(self, m: Measurement) -> bool:
+        """Both bounds hold (the strict, both-objectives rule of feasibility)."""
+        return all(c <= 0.0 for c in self.constraints(m))
+
+    def either(self, m: Measurement) -> bool:
+        """At least one bound holds (the permissive rule of the candidate pool)."""
+        return any(c <= 0.0 for c in self.constraints(m))
+
+
+def _bound(base: float, tol: float, relative: bool, higher_is_better: bool) -> float:
+    # relative: A0 * (1 - eps) for a non-negative baseline; |A0| keeps the bound on the
+    # "worse" side of a negative baseline too.
+    delta = tol * abs(base) if relative else tol
+    return base - delta if higher_is_better else base + delta
+
+
+def thresholds_for(
+    baseline: Measurement,
+    settings: SearchSettings,
+    *,
+    metric_higher_is_better: bool = True,
+    pool: bool = False,
+) -> Thresholds:
+    """Feasibility thresholds (eps) or, with ``pool=True``, candidate-pool thresholds (tau)."""
+    tol_a = settings.tau_accept if pool else settings.eps_accept
+    tol_m = settings.tau_metric if pool else settings.eps_metric
+    return Thresholds(
+        accept=_bound(baseline.accept_length, tol_a, settings.relative, True),
+        metric=_bound(baseline.metric, tol_m, settings.relative, metric_higher_is_better),
+        metric_higher_is_better=metric_higher_is_better,
+    )
+
+
+def candidate_pool(
+    singles: Mapping[int, Measurement | None], pool_thresholds: Thresholds
+) -> tuple[int, ...]:
+    """Layers whose single skip keeps acceptance OR metric within tau (failed ones excluded)."""
+    return tuple(
+        sorted(l for l, m in singles.items() if m is not None and pool_thresholds.either(m))
+    )
+
+
+def beam_rank_key(config: Config, m: Measurement) -> tuple:
+    """Sort key, best first: acceptance, then |S|, then tokens/s, then canonical order."""
+    tps = m.tokens_per_s if m.tokens_per_s is not None else -math.inf
+    return (-m.accept_length, -len(config), -tps, canonical(config))
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """One level of the breadth-first search.
+
+    Attributes:
+        level: k, the size of the skip sets (0: the dense baseline).
+        configs: The configurations planned at this level, in canonical order.
+        total: How many the level has before ``max_trials`` truncation.
+        evaluated: How many of ``configs`` have a final result (done or given up).
+        feasible: The feasible ones among the evaluated.
+    """
+
+    level: int
+    configs: tuple[Config, ...]
+    total: int
+    evaluated: int
+    feasible: tuple[Config, ...]
+
+    @property
+    def complete(self) -> bool:
+        return self.evaluated == len(self.configs)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """The search state implied by a set of results.
+
+    Attributes:
+        levels: Levels reached so far (the last one may be incomplete).
+        baseline: The dense measurement, once known.
+        thresholds: Feasibility thresholds, once the baseline is known.
+        pool: The candidate pool, once level 1 is complete.
+        frontier: Configurations of the current level that still lack a result; empty
+            when the search is finished.
+        finished: No configuration remains to evaluate.
+        stop_reason: Why the search stopped (empty while running).
+    """
+
+    levels: tuple[LevelPlan, ...]
+    baseline: Measurement | None
+    thresholds: Thresholds | None
+    pool: tuple[int, ...] | None
+    frontier: tuple[Config, ...]
+    finished: bool
+    stop_reason: str
+
+    @property
+    def current(self) -> LevelPlan:
+        """The last level reached."""
+        return self.levels[-1]
+
+    @property
+    def planned(self) -> tuple[Config, ...]:
+        """Every configuration planned so far, level by level."""
+        return tuple(c for lv in self.levels for c in lv.configs)
+
+    @property
+    def feasible(self) -> tuple[Config, ...]:
+        """Every feasible configuration so far, the baseline included."""
+        return tuple(c for lv in self.levels for c in lv.feasible)
+
+
+def _next_level(
+    k: int,
+    settings: SearchSettings,
+    pool: Sequence[int],
+    prev_feasible: Sequence[Config],
+    results: Mapping[Config, Measurement | None],
+) -> list[Config]:
+    if settings.mode == "exhaustive":
+        children = {frozenset(c) for c in itertools.combinations(pool, k)}
+    else:
+        ranked = sorted(prev_feasible, key=lambda c: beam_rank_key(c, results[c]))
+        parents = ranked[: settings.beam_width]
+        children = {p | {l} for p in parents for l in pool if l not in p}
+    return sorted(children, key=canonical)
+
+
+def plan_search(
+    settings: SearchSettings,
+    num_layers: int,
+    results: Mapping[Config, Measurement | None],
+    *,
+    metric_higher_is_better: bool = True,
+) -> SearchPlan:
+    """Replay Algorithm 1 over ``results`` and return the current state.
+
+    Args:
+        settings: The search settings.
+        num_layers: L, the target's decoder layer count.
+        results: Final results known so far: a :class:`Measurement`, or ``None`` for a
+            configuration given up on (crashed too often; it counts as evaluated and
+            infeasible). Configurations missing from the mapping are not evaluated yet.
+        metric_higher_is_better: The metric's direction.
+
+    Returns:
+        The plan: levels so far, baseline, pool, frontier, and whether the search is done.
+    """
+    allowed = settings.allowed_layers(num_layers)
+    budget = settings.max_trials
+    levels: list[LevelPlan] = []
+    baseline: Measurement | None = None
+    thr: Thresholds | None = None
+    pool: tuple[int, ...] | None = None
+    prev_feasible: list[Config] = []
+
+    def done(reason: str, frontier: Sequence[Config] = ()) -> SearchPlan:
+        return SearchPlan(
+            levels=tuple(levels),
+            baseline=baseline,
+            thresholds=thr,
+            pool=pool,
+            frontier=tuple(frontier),
+            finished=not frontier and bool(reason),
+            stop_reason=reason,
+        )
+
+    for k in itertools.count():
+        if k == 0:
+            configs = [frozenset()]
+        elif k == 1:
+            configs = [frozenset({l}) for l in allowed]
+        else:
+            assert pool is not None
+            configs = _next_level(k, settings, pool, prev_feasible, results)
+            if not configs:
+                return done(
+                    f"level {k} has no configuration to evaluate "
+                    f"(candidate pool: {list(pool)})"
+                )
+        total = len(configs)
+        if budget is not None:
+            configs = configs[:budget]
+            budget -= len(configs)
+        finished = [c for c in configs if c in results]
+        unfinished = [c for c in configs if c not in results]
+        if k == 0 and finished:
+            baseline = results[frozenset()]
+            if baseline is None:
+                levels.append(LevelPlan(0, tuple(configs), total, 1, ()))
+                return done("the dense baseline could not be evaluated")
+            thr = thresholds_for(
+                baseline, settings, metric_higher_is_better=metric_higher_is_better
+            )
+        feasible = [
+            c
+            for c in finished
+            if thr is not None and results[c] is not None and thr.satisfied(results[c])
+        ]
+        levels.append(LevelPlan(k, tuple(configs), total, len(finished), tuple(feasible)))
+        if unfinished:
+            return done("", unfinished)
+        assert baseline is not None
+        if k == 1:
+            pool_thr = thresholds_for(
+                baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=True
+            )
+            pool = candidate_pool({next(iter(c)): results[c] for c in configs}, pool_thr)
+        if k >= 1 and not feasible:
+            return done(f"level {k} has no feasible configuration")
+        if budget == 0:
+            return done(f"max_trials={settings.max_trials} reached")
+        if k >= settings.max_depth:
+            return done(f"max_depth={settings.max_depth} reached")
+        prev_feasible = feasible
+    raise AssertionError("unreachable")
+
+
+def _goodness(m: Measurement, metric_higher_is_better: bool) -> tuple[float, float, float]:
+    # All three turned into "higher is better".
+    return (m.accept_length, m.metric if metric_higher_is_better else -m.metric, -m.cost)
+
+
+def pareto_front(
+    configs: Iterable[Config],
+    results: Mapping[Config, Measurement | None],
+    *,
+    metric_higher_is_better: bool = True,
+) -> list[Config]:
+    """Configurations not dominated on (acceptance up, metric up, cost down).
+
+    ``a`` dominates ``b`` when ``a`` is at least as good on all three and better on one.
+    Returned by ascending cost, then canonical order.
+    """
+    items = [(c, _goodness(results[c], metric_higher_is_better)) for c in configs]
+    front = []
+    for c, g in items:
+        dominated = any(
+            all(x >= y for x, y in zip(h, g)) and any(x > y for x, y in zip(h, g))
+            for _, h in items
+        )
+        if not dominated:
+            front.append(c)
+    return sorted(front, key=lambda c: (results[c].cost, canonical(c)))
+
+
+def select_min_cost(
+    feasible: Iterable[Config],
+    results: Mapping[Config, Measurement | None],
+    *,
+    metric_higher_is_better: bool = True,
+) -> Config:
+    """The feasible configuration of least cost (ties: see the module docstring)."""
+    sign = 1.0 if metric_higher_is_better else -1.0
+
+    def key(c: Config) -> tuple:
+        m = results[c]
+        return (m.cost, -m.accept_length, -sign * m.metric, -len(c), canonical(c))
+
+    candidates = list(feasible)
+    return min(candidates, key=key) if candidates else frozenset()
+
+
+def select_triple_win(
+    evaluated: Iterable[Config],
+    results: Mapping[Config, Measurement | None],
+    baseline: Measurement,
+    *,
+    metric_higher_is_better: bool = True,
+) -> Config:
+    """Metric, acceptance and tokens/s all at least dense; ranked by acceptance, |S|, tokens/s."""
+
+    def wins(m: Measurement) -> bool:
+        metric_ok = m.metric >= baseline.metric if metric_higher_is_better else m.metric <= baseline.metric
+        if baseline.tokens_per_s is None:
+            speed_ok = True
+        else:
+            speed_ok = m.tokens_per_s is not None and m.tokens_per_s >= baseline.tokens_per_s
+        return metric_ok and m.accept_length >= baseline.accept_length and speed_ok
+
+    candidates = [
+        c for c in evaluated if c and results.get(c) is not None and wins(results[c])
+    ]
+    if not candidates:
+        return frozenset()
+    return min(candidates, key=lambda c: beam_rank_key(c, results[c]))
+
+
+def select(
+    selection: str,
+    plan: SearchPlan,
+    results: Mapping[Config, Measurement | None],
+    *,
+    metric_higher_is_better: bool = True,
+) -> Config:
+    """Apply the selection rule named ``selection`` to a plan's results."""
+    if plan.baseline is None:
+        return frozenset()
+    if selection == "min_cost":
+        return select_min_cost(
+            plan.feasible, results, metric_higher_is_better=metric_higher_is_better
+        )
+    if selection == "triple_win":
+        evaluated = [c for c in plan.planned if c in results]
+        return select_triple_win(
+            evaluated, results, plan.baseline, metric_higher_is_better=metric_higher_is_better
+        )
+    raise ValueError(f"Unknown selection {selection!r}; expected one of: min_cost, triple_win.")

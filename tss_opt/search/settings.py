@@ -1,0 +1,197 @@
+"""Search settings: the knobs of Algorithm 1 with the paper's defaults, validated.
+
+Paper names (TSS, Algorithm 1 and appendix Table 3) next to ours:
+
+=================  ===================  ==========================================
+ours               paper                default (source)
+=================  ===================  ==========================================
+eps_accept         eps_A                0.05 relative (paper: 5 %)
+eps_metric         eps_M                0.05 relative (paper: 5 %)
+tau_accept         tau_A                0.05 relative (paper: 5 %)
+tau_metric         tau_M                0.05 relative (paper: 5 %)
+max_depth          K                    5 (largest reported skip set, MMLU)
+mode               full enumeration     "exhaustive" (Algorithm 1); the authors'
+                   / beam               scripts use "beam"
+beam_width         beam width           3 (Table 3)
+early_barrier      early barrier        0 (Table 3 uses 2)
+latter_barrier     latter barrier       0 (Table 3)
+selection          S* rule              "min_cost" (Algorithm 1); Table 3 uses
+                                        "triple_win"
+=================  ===================  ==========================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tss_opt.storage.heartbeat import DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL
+
+__all__ = ["IDENTITY_FIELDS", "MODES", "SELECTIONS", "SearchSettings", "settings_hash"]
+
+MODES = ("exhaustive", "beam")
+SELECTIONS = ("min_cost", "triple_win")
+
+# Settings that decide which configurations are evaluated. A stored study is resumed only
+# with the same values; `selection` is not among them because it only reads the stored
+# trials (switching it re-selects without re-evaluating anything).
+IDENTITY_FIELDS = (
+    "mode",
+    "beam_width",
+    "max_depth",
+    "eps_accept",
+    "eps_metric",
+    "tau_accept",
+    "tau_metric",
+    "relative",
+    "early_barrier",
+    "latter_barrier",
+    "max_trials",
+)
+
+
+@dataclass
+class SearchSettings:
+    """Settings of one search (OmegaConf/Hydra structured-config compatible).
+
+    Attributes:
+        mode: ``"exhaustive"`` evaluates every k-subset of the candidate pool at level k;
+            ``"beam"`` extends the ``beam_width`` best feasible sets of level k-1 by one
+            pool layer.
+        beam_width: Parents kept per level in beam mode (paper appendix: 3).
+        max_depth: K, the largest skip-set size searched.
+        eps_accept: eps_A, feasibility tolerance on acceptance (relative or absolute).
+        eps_metric: eps_M, feasibility tolerance on the task metric.
+        tau_accept: tau_A, candidate-pool tolerance on acceptance of single-layer skips.
+        tau_metric: tau_M, candidate-pool tolerance on the metric of single-layer skips.
+        relative: Tolerances are fractions of the dense baseline (``A0 * (1 - eps)``);
+            ``False``: absolute differences (``A0 - eps``).
+        early_barrier: The first ``early_barrier`` layers are never skipped.
+        latter_barrier: The last ``latter_barrier`` layers are never skipped.
+        selection: ``"min_cost"`` (Algorithm 1: the feasible set of least cost) or
+            ``"triple_win"`` (appendix: metric, acceptance and tokens/s all >= dense).
+        max_trials: Cap on evaluated configurations, the dense baseline included
+            (``None``: no cap). Retries of crashed trials do not count.
+        heartbeat_interval: Seconds between heartbeats of a running trial.
+        grace_period: Seconds without heartbeat after which a trial counts as crashed
+            and is retried once.
+    """
+
+    mode: str = "exhaustive"
+    beam_width: int = 3
+    max_depth: int = 5
+    eps_accept: float = 0.05
+    eps_metric: float = 0.05
+    tau_accept: float = 0.05
+    tau_metric: float = 0.05
+    relative: bool = True
+    early_barrier: int = 0
+    latter_barrier: int = 0
+    selection: str = "min_cost"
+    max_trials: int | None = None
+    heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL
+    grace_period: int = DEFAULT_GRACE_PERIOD
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, num_layers: int | None = None) -> None:
+        """Check every field; with ``num_layers``, also that the barriers leave a layer.
+
+        Raises:
+            ValueError: A field is out of range or unknown; the message names the value,
+                what was expected and how to fix it.
+        """
+        _choice("mode", self.mode, MODES)
+        _choice("selection", self.selection, SELECTIONS)
+        _int("beam_width", self.beam_width, minimum=1)
+        _int("max_depth", self.max_depth, minimum=1)
+        _int("early_barrier", self.early_barrier, minimum=0)
+        _int("latter_barrier", self.latter_barrier, minimum=0)
+        if self.max_trials is not None:
+            _int("max_trials", self.max_trials, minimum=1, hint="or None for no cap")
+        if not isinstance(self.relative, bool):
+            raise ValueError(f"relative={self.relative!r} must be True or False.")
+        for name in ("eps_accept", "eps_metric", "tau_accept", "tau_metric"):
+            _tolerance(name, getattr(self, name), self.relative)
+        _int("heartbeat_interval", self.heartbeat_interval, minimum=1)
+        _int("grace_period", self.grace_period, minimum=1)
+        if self.grace_period <= self.heartbeat_interval:
+            raise ValueError(
+                f"grace_period={self.grace_period} must exceed heartbeat_interval="
+                f"{self.heartbeat_interval}, or live trials would be failed as crashed; "
+                f"use e.g. grace_period={3 * self.heartbeat_interval}."
+            )
+        if num_layers is not None:
+            _int("num_layers", num_layers, minimum=1)
+            if self.early_barrier + self.latter_barrier > num_layers - 1:
+                raise ValueError(
+                    f"early_barrier={self.early_barrier} and latter_barrier="
+                    f"{self.latter_barrier} leave no layer of {num_layers} to skip; expected "
+                    f"early_barrier + latter_barrier <= {num_layers - 1}."
+                )
+
+    def allowed_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers the barriers allow to skip: ``early_barrier .. L-1-latter_barrier``."""
+        self.validate(num_layers)
+        return tuple(range(self.early_barrier, num_layers - self.latter_barrier))
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that decide which configurations are evaluated (stored per study)."""
+        return {name: getattr(self, name) for name in IDENTITY_FIELDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> SearchSettings:
+        """Build from a mapping, refusing unknown keys (a misspelt key fails loudly)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(
+                f"Unknown search setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}."
+            )
+        return cls(**dict(values))
+
+
+def settings_hash(settings: SearchSettings | Mapping[str, Any] | None, length: int = 7) -> str:
+    """A short stable hash of the identity settings (hex digits)."""
+    if settings is None:
+        settings = SearchSettings()
+    if isinstance(settings, Mapping):
+        settings = SearchSettings.from_mapping(settings)
+    blob = json.dumps(settings.identity(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()[:length]
+
+
+def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ValueError(f"Unknown {name} {value!r}; expected one of: {', '.join(options)}.")
+
+
+def _int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        extra = f" ({hint})" if hint else ""
+        raise ValueError(f"{name}={value!r} is invalid; expected an integer >= {minimum}{extra}.")
+
+
+def _tolerance(name: str, value: Any, relative: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} is not a finite number.")
+    if relative and not 0 <= value < 1:
+        raise ValueError(
+            f"{name}={value} is out of range; expected 0 <= {name} < 1 when relative=True "
+            "(a fraction of the dense baseline, e.g. 0.05 for 5 %)."
+        )
+    if not relative and value < 0:
+        raise ValueError(
+            f"{name}={value} is out of range; expected {name} >= 0 when relative=False "
+            "(an absolute drop allowed below the dense baseline)."
+        )

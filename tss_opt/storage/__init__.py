@@ -1,0 +1,41 @@
+"""Where searches live: Optuna RDB storages (SQLite, PostgreSQL, MySQL) shared by workers.
+
+- :func:`open_storage` turns a URL into an ``RDBStorage`` (SQLite made safe for several local
+  processes with ``BEGIN IMMEDIATE``; heartbeats for crash detection).
+- :func:`study_lock` is a cross-process lock for one study, native to each backend.
+- :class:`StorageError` is raised for unparsable, unsupported or unreachable URLs.
+"""
+
+from __future__ import annotations
+
+from tss_opt.storage.errors import StorageError
+from tss_opt.storage.heartbeat import (
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    fail_stale,
+    heartbeat_enabled,
+    record_heartbeat,
+)
+from tss_opt.storage.locks import file_lock, study_lock, unwrap_storage
+from tss_opt.storage.open import open_storage, storage_url
+from tss_opt.storage.sqlite import SQLiteRDBStorage, make_sqlite_safe
+from tss_opt.storage.url import DEFAULT_STORAGE_URL, mask_url, parse_storage_url
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_STORAGE_URL",
+    "SQLiteRDBStorage",
+    "StorageError",
+    "fail_stale",
+    "file_lock",
+    "heartbeat_enabled",
+    "make_sqlite_safe",
+    "mask_url",
+    "open_storage",
+    "parse_storage_url",
+    "record_heartbeat",
+    "storage_url",
+    "study_lock",
+    "unwrap_storage",
+]

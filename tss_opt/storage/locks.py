@@ -1,0 +1,177 @@
+"""Cross-process locks: a file lock, and a per-study lock that follows the storage backend.
+
+The per-study lock guards the few read-check-write sections that Optuna cannot make atomic
+for us (creating a study and checking its settings, enqueueing a level's configurations).
+Each backend gets a lock that dies with its holder, so a killed worker never leaves a
+study locked:
+
+- PostgreSQL: ``pg_advisory_xact_lock`` held by one transaction;
+- MySQL/MariaDB: ``GET_LOCK`` held by one connection;
+- SQLite: ``fcntl.flock`` on a side file next to the database (``<db>.lock``). A database
+  lock such as ``BEGIN IMMEDIATE`` cannot be used here: the section writes through Optuna's
+  other connections, which would then wait on the lock we hold;
+- any other storage (in-memory, journal): a lock inside this process only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import text
+
+from tss_opt.storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "file_lock", "sqlite_lock_path", "study_lock", "unwrap_storage"]
+
+# The guarded sections take milliseconds; a wait this long means a stopped (not killed)
+# process holds the lock, and failing loudly beats hanging forever.
+DEFAULT_LOCK_TIMEOUT = 300.0
+
+_process_locks: dict[str, threading.RLock] = {}
+_process_locks_guard = threading.Lock()
+_held = threading.local()
+
+
+def unwrap_storage(storage: BaseStorage) -> BaseStorage:
+    """Return the storage behind Optuna's ``_CachedStorage`` wrapper (``study._storage``)."""
+    return getattr(storage, "_backend", storage)
+
+
+def sqlite_lock_path(database: str | os.PathLike[str]) -> Path:
+    """The side lock file of a SQLite database file."""
+    path = Path(database)
+    return path.with_name(path.name + ".lock")
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str], timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing).
+
+    The lock is released when the block ends or the process dies. It is not re-entrant
+    across open files: never nest two ``file_lock`` on the same path in one process.
+
+    Raises:
+        StorageError: The lock was not obtained within ``timeout`` seconds.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                if time.monotonic() > deadline:
+                    raise StorageError(
+                        f"Timed out after {timeout:.0f} s waiting for the lock file {path}; "
+                        "another process holds it (a stopped process?). Find it with "
+                        f"`fuser {path}` and end it, then retry."
+                    ) from e
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _key64(key: str) -> int:
+    # pg_advisory locks take a signed bigint.
+    return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def _process_lock(key: str) -> Iterator[None]:
+    with _process_locks_guard:
+        lock = _process_locks.setdefault(key, threading.RLock())
+    with lock:
+        yield
+
+
+@contextlib.contextmanager
+def study_lock(
+    storage: BaseStorage, key: str, timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> Iterator[None]:
+    """Hold the cross-process lock named ``key`` for the database behind ``storage``.
+
+    Re-entrant within one thread (a nested call with the same key just runs its block).
+
+    Args:
+        storage: An Optuna storage, possibly wrapped by ``_CachedStorage``.
+        key: The lock's name, e.g. ``"tss_opt:study:<study name>"``.
+        timeout: Seconds to wait before raising :class:`StorageError`.
+    """
+    held: set[str] = getattr(_held, "keys", None) or set()
+    _held.keys = held
+    if key in held:
+        yield
+        return
+    held.add(key)
+    try:
+        with _backend_lock(unwrap_storage(storage), key, timeout):
+            yield
+    finally:
+        held.discard(key)
+
+
+@contextlib.contextmanager
+def _backend_lock(storage: BaseStorage, key: str, timeout: float) -> Iterator[None]:
+    engine = getattr(storage, "engine", None)
+    dialect = engine.dialect.name if engine is not None else None
+    if dialect == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        # Threads of one process first queue on a process lock: flock is per open file.
+        with _process_lock(f"{engine.url.database}:{key}"):
+            with file_lock(sqlite_lock_path(engine.url.database), timeout):
+                yield
+    elif dialect == "postgresql":
+        with engine.connect() as conn:
+            with conn.begin():
+                conn.execute(text(f"SET LOCAL lock_timeout = '{int(timeout * 1000)}ms'"))
+                try:
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _key64(key)})
+                except Exception as e:
+                    raise StorageError(
+                        f"Could not take the PostgreSQL advisory lock for '{key}' within "
+                        f"{timeout:.0f} s: {e}"
+                    ) from e
+                # The lock is released when this transaction ends (commit or connection loss).
+                yield
+    elif dialect in ("mysql", "mariadb"):
+        # GET_LOCK names are limited to 64 characters.
+        name = "tss_opt:" + hashlib.sha1(key.encode()).hexdigest()
+        with engine.connect() as conn:
+            got = conn.execute(
+                text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": int(timeout)}
+            ).scalar()
+            if got != 1:
+                raise StorageError(
+                    f"Could not take the MySQL lock for '{key}' within {timeout:.0f} s "
+                    f"(GET_LOCK returned {got!r})."
+                )
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
+                conn.commit()
+    else:
+        with _process_lock(f"{id(storage)}:{key}"):
+            yield
