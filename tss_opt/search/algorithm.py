@@ -76,7 +76,9 @@ class Thresholds:
 
         For a higher-is-better metric: ``c_A = (A0 - eps_A) - A`` and ``c_M = (M0 - eps_M) - M``.
         """
-        c_metric = self.metric - m.metric if self.metric_higher_is_better else m.metric - self.metric
+        c_metric = (
+            self.metric - m.metric if self.metric_higher_is_better else m.metric - self.metric
+        )
         return (self.accept - m.accept_length, c_metric)
 
     def satisfied(self, m: Measurement) -> bool:
@@ -117,7 +119,7 @@ def candidate_pool(
 ) -> tuple[int, ...]:
     """Layers whose single skip keeps acceptance OR metric within tau (failed ones excluded)."""
     return tuple(
-        sorted(l for l, m in singles.items() if m is not None and pool_thresholds.either(m))
+        sorted(i for i, m in singles.items() if m is not None and pool_thresholds.either(m))
     )
 
 
@@ -201,7 +203,7 @@ def _next_level(
     else:
         ranked = sorted(prev_feasible, key=lambda c: beam_rank_key(c, results[c]))
         parents = ranked[: settings.beam_width]
-        children = {p | {l} for p in parents for l in pool if l not in p}
+        children = {p | {i} for p in parents for i in pool if i not in p}
     return sorted(children, key=canonical)
 
 
@@ -248,14 +250,13 @@ def plan_search(
         if k == 0:
             configs = [frozenset()]
         elif k == 1:
-            configs = [frozenset({l}) for l in allowed]
+            configs = [frozenset({i}) for i in allowed]
         else:
             assert pool is not None
             configs = _next_level(k, settings, pool, prev_feasible, results)
             if not configs:
                 return done(
-                    f"level {k} has no configuration to evaluate "
-                    f"(candidate pool: {list(pool)})"
+                    f"level {k} has no configuration to evaluate (candidate pool: {list(pool)})"
                 )
         total = len(configs)
         if budget is not None:
@@ -315,7 +316,8 @@ def pareto_front(
     front = []
     for c, g in items:
         dominated = any(
-            all(x >= y for x, y in zip(h, g)) and any(x > y for x, y in zip(h, g))
+            all(x >= y for x, y in zip(h, g, strict=True))
+            and any(x > y for x, y in zip(h, g, strict=True))
             for _, h in items
         )
         if not dominated:
@@ -350,16 +352,16 @@ def select_triple_win(
     """Metric, acceptance and tokens/s all at least dense; ranked by acceptance, |S|, tokens/s."""
 
     def wins(m: Measurement) -> bool:
-        metric_ok = m.metric >= baseline.metric if metric_higher_is_better else m.metric <= baseline.metric
+        metric_ok = (
+            m.metric >= baseline.metric if metric_higher_is_better else m.metric <= baseline.metric
+        )
         if baseline.tokens_per_s is None:
             speed_ok = True
         else:
             speed_ok = m.tokens_per_s is not None and m.tokens_per_s >= baseline.tokens_per_s
         return metric_ok and m.accept_length >= baseline.accept_length and speed_ok
 
-    candidates = [
-        c for c in evaluated if c and results.get(c) is not None and wins(results[c])
-    ]
+    candidates = [c for c in evaluated if c and results.get(c) is not None and wins(results[c])]
     if not candidates:
         return frozenset()
     return min(candidates, key=lambda c: beam_rank_key(c, results[c]))

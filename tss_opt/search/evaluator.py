@@ -112,9 +112,7 @@ def _finite(value: Any, key: str, shown: list[int]) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError) as e:
-        raise EvaluatorError(
-            f"'{key}'={value!r} for skip set {shown} is not a number."
-        ) from e
+        raise EvaluatorError(f"'{key}'={value!r} for skip set {shown} is not a number.") from e
     if not math.isfinite(number):
         raise EvaluatorError(
             f"'{key}'={number} for skip set {shown} is not finite; the evaluator must return "

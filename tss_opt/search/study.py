@@ -9,10 +9,12 @@ is finished, ``result`` (the selected set and the Pareto set). Its objectives ar
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import optuna
+from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
@@ -138,7 +140,9 @@ def create_or_load_study(
             study.set_user_attr("num_layers", info.num_layers)
             study.set_user_attr("metric_name", info.metric_name)
             study.set_user_attr("metric_higher_is_better", info.metric_higher_is_better)
-            study.set_metric_names(["accept_length", info.metric_name, "cost"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)  # set_metric_names
+                study.set_metric_names(["accept_length", info.metric_name, "cost"])
             study._storage.set_study_system_attr(study._study_id, FORMAT_KEY, FORMAT_VERSION)
             return study
         _check_directions(study, directions, study_name, storage)

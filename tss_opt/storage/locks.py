@@ -56,7 +56,9 @@ def sqlite_lock_path(database: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str], timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
+def file_lock(
+    path: str | os.PathLike[str], timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> Iterator[None]:
     """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing).
 
     The lock is released when the block ends or the process dies. It is not re-entrant

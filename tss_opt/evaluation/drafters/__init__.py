@@ -1,7 +1,47 @@
-"""Drafters: everything that proposes candidate tokens to the target."""
+"""Drafters: propose draft trees for the target to verify (chains are one-branch trees)."""
 
 from tss_opt.evaluation.drafters.base import Drafter, VerifyFeedback
 from tss_opt.evaluation.drafters.draft_model import DraftModelDrafter, SelfDrafter
+from tss_opt.evaluation.drafters.eagle import (
+    EagleDrafter,
+    EagleHead,
+    EagleHeadError,
+    load_eagle_head,
+    random_eagle_head,
+    save_eagle_head,
+)
 from tss_opt.evaluation.drafters.prompt_lookup import PromptLookupDrafter
+from tss_opt.evaluation.drafters.registry import (
+    DrafterConfigError,
+    available_drafters,
+    build_drafter,
+    register_drafter,
+)
+from tss_opt.evaluation.drafters.sam import SamdDrafter, SuffixAutomaton
+from tss_opt.evaluation.drafters.templates import TemplateError, TreeTemplate, load_template
+from tss_opt.evaluation.drafters.token_recycle import AdjacencyTable, TokenRecycleDrafter
 
-__all__ = ["DraftModelDrafter", "Drafter", "PromptLookupDrafter", "SelfDrafter", "VerifyFeedback"]
+__all__ = [
+    "AdjacencyTable",
+    "DraftModelDrafter",
+    "Drafter",
+    "DrafterConfigError",
+    "EagleDrafter",
+    "EagleHead",
+    "EagleHeadError",
+    "PromptLookupDrafter",
+    "SamdDrafter",
+    "SelfDrafter",
+    "SuffixAutomaton",
+    "TemplateError",
+    "TokenRecycleDrafter",
+    "TreeTemplate",
+    "VerifyFeedback",
+    "available_drafters",
+    "build_drafter",
+    "load_eagle_head",
+    "load_template",
+    "random_eagle_head",
+    "register_drafter",
+    "save_eagle_head",
+]

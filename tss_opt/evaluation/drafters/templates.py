@@ -107,7 +107,7 @@ def validate_template(
         )
     if len(ranks) != n:
         raise TemplateError(f"{where}: {n} parents but {len(ranks)} ranks; give one rank per node or omit 'ranks'")
-    for i, (p, r) in enumerate(zip(parents, ranks)):
+    for i, (p, r) in enumerate(zip(parents, ranks, strict=True)):
         if isinstance(p, bool) or not isinstance(p, int):
             raise TemplateError(f"{where}: node {i} has parent {p!r}; expected an integer node index or -1 (the root)")
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
@@ -136,7 +136,7 @@ def validate_template(
                 "list every node after its parent (topological order)"
             )
     sibling_ranks: dict[int, dict[int, int]] = {}
-    for i, (p, r) in enumerate(zip(parents, ranks)):
+    for i, (p, r) in enumerate(zip(parents, ranks, strict=True)):
         taken = sibling_ranks.setdefault(p, {})
         if r in taken:
             raise TemplateError(

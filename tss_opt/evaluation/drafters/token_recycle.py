@@ -9,8 +9,9 @@ kept across requests by default, as in the paper (a warm table drafts better).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

@@ -1,0 +1,77 @@
+"""Structured configs: dataclass schemas registered in Hydra's ConfigStore; YAML gives values.
+
+A misspelt key or a wrong type fails at compose time. Every command (search, generate,
+export, launch, report, serve) composes the same tree from ``conf/config.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from tss_opt.evaluation.domains import DomainConfig
+from tss_opt.models.config import ModelConfig
+from tss_opt.search.settings import SearchSettings
+
+
+@dataclass
+class SearchPreset(SearchSettings):
+    """Algorithm-1 settings plus the protocol knobs a preset may shrink.
+
+    Attributes:
+        preset: the preset's name (``conf/search/<preset>.yaml``), shown in logs and docs.
+        prompts: calibration prompts evaluated per trial; ``None`` = the domain's
+            ``calibration_size`` (the paper: 16).
+        max_new_tokens: tokens generated per prompt; ``None`` = the domain's (paper: 96).
+        note: a line printed at start (the CPU preset says what it reduced).
+    """
+
+    preset: str = "custom"
+    prompts: int | None = None
+    max_new_tokens: int | None = None
+    note: str | None = None
+
+
+@dataclass
+class TSSConfig:
+    """The whole configuration tree (``conf/config.yaml``)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    domain: DomainConfig | None = None
+    drafter: Any = None  # conf/drafter/*.yaml; None = the model's default_drafter
+    search: SearchPreset = field(default_factory=SearchPreset)
+    evaluator: Any = field(default_factory=lambda: {"_target_": "tss_opt.cli.common.build_evaluator"})
+
+    storage: str | None = None  # SQL URL; None = sqlite:///storage/tss.db
+    study_name: str | None = None  # None = derived from model, drafter, domain, split, settings
+    split: str = "calibration"
+    scope: str = "verify"
+    temperature: float = 0.0
+    cost: str = "analytic"
+    device: str | None = None  # shortcut for model.device (e.g. cuda:1)
+    dtype: str | None = None  # shortcut for model.dtype (e.g. bfloat16)
+    threads: int | None = None  # torch CPU threads; None = torch's default
+    mapping_path: str = "storage/mapping.yaml"
+    write_mapping: bool = True
+    log_level: str = "INFO"
+
+    # generate / serve
+    prompt: str | None = None
+    skip: list[int] = field(default_factory=list)
+    max_new_tokens: int | None = None
+    request_domain: str | None = None  # serve: the request's domain label (None = detect)
+
+    # launch: one local worker per listed device
+    devices: list[str] = field(default_factory=list)
+
+    # report
+    report_dir: str = "storage/report"
+    report_domains: list[str] = field(default_factory=list)  # [] = every domain in the mapping
+    heldout_prompts: int | None = None  # None = the domain's heldout_size (64)
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="tss_schema", node=TSSConfig)

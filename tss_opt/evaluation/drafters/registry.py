@@ -1,0 +1,207 @@
+"""Build drafters from config: one builder per drafter, looked up by name.
+
+A drafter config (``conf/drafter/<name>.yaml``) is a mapping with ``name``, an optional
+``_target_`` (dotted path of the builder) and the drafter's settings::
+
+    name: pld
+    _target_: tss_opt.evaluation.drafters.registry.build_pld
+    num_tokens: 10
+
+Every builder takes ``(target, loaded, **settings)``. Adding a drafter: write the class,
+write a builder here decorated with :func:`register_drafter`, add ``conf/drafter/<name>.yaml``
+(see docs/drafters.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from tss_opt.evaluation.drafters.base import Drafter
+
+if TYPE_CHECKING:
+    from tss_opt.evaluation.decoding.target import TargetModel
+    from tss_opt.models.loading import LoadedModel
+
+DrafterBuilder = Callable[..., Drafter]
+_BUILDERS: dict[str, DrafterBuilder] = {}
+_RESERVED = ("name", "_target_")
+MISSING = "???"  # OmegaConf's mandatory value, when a config was converted with resolve only
+
+
+class DrafterConfigError(ValueError):
+    """A drafter config names an unknown drafter or gives settings it does not take."""
+
+
+def register_drafter(name: str) -> Callable[[DrafterBuilder], DrafterBuilder]:
+    """Decorator: make ``builder`` available as drafter ``name``."""
+
+    def deco(builder: DrafterBuilder) -> DrafterBuilder:
+        if name in _BUILDERS and _BUILDERS[name] is not builder:
+            raise DrafterConfigError(f"drafter {name!r} is registered twice")
+        _BUILDERS[name] = builder
+        return builder
+
+    return deco
+
+
+def available_drafters() -> list[str]:
+    """Names accepted by :func:`build_drafter`."""
+    return sorted(_BUILDERS)
+
+
+def _to_plain(cfg: Any) -> dict[str, Any]:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return dict(cfg)
+
+
+def _resolve(path: str) -> DrafterBuilder:
+    module, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise DrafterConfigError(f"drafter _target_={path!r} cannot be imported: {e}") from e
+
+
+def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedModel) -> Drafter:
+    """Build the drafter described by ``cfg``.
+
+    Args:
+        cfg: ``name`` (a registered drafter) plus settings; ``_target_`` (a dotted builder
+            path) may replace the lookup by name, for drafters defined outside this package.
+        target: the verifier (self-drafting and EAGLE use its model).
+        loaded: the loaded target model with its config and tokenizer.
+
+    Raises:
+        DrafterConfigError: unknown name (the message lists the available ones), a setting
+            the builder does not take, or a mandatory setting (``???``) that the chosen
+            options need.
+    """
+    plain = _to_plain(cfg)
+    name = plain.get("name")
+    target_path = plain.get("_target_")
+    if target_path:
+        builder = _resolve(str(target_path))
+    elif name in _BUILDERS:
+        builder = _BUILDERS[str(name)]
+    else:
+        raise DrafterConfigError(
+            f"unknown drafter {name!r}; available: {', '.join(available_drafters())}. "
+            "Set drafter.name to one of them (or give drafter._target_ for your own builder)"
+        )
+    # A mandatory value left unset ("???") is dropped: the builder's default applies and the
+    # builder says what is missing when it is really needed (eagle's path unless random_init).
+    settings = {k: v for k, v in plain.items() if k not in _RESERVED and not (isinstance(v, str) and v == MISSING)}
+    params = inspect.signature(builder).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        accepted = [p for p in params if p not in ("target", "loaded")]
+        extra = sorted(set(settings) - set(accepted))
+        if extra:
+            raise DrafterConfigError(
+                f"drafter {name!r} does not take setting(s) {', '.join(extra)}; it takes: {', '.join(accepted)}"
+            )
+    return builder(target=target, loaded=loaded, **settings)
+
+
+# ----------------------------------------------------------------------------- builders
+@register_drafter("pld")
+def build_pld(target: TargetModel, loaded: LoadedModel, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> Drafter:
+    """Prompt lookup (model-free chain)."""
+    from tss_opt.evaluation.drafters.prompt_lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+@register_drafter("draft_model")
+def build_draft_model(
+    target: TargetModel, loaded: LoadedModel, model: Mapping[str, Any] | None = None, num_tokens: int = 5, temperature: float = 0.0, seed: int = 0
+) -> Drafter:
+    """A separate small causal LM with the target's vocabulary; ``model`` is a model config."""
+    from tss_opt.evaluation.drafters.draft_model import DraftModelDrafter
+    from tss_opt.models import load_model
+
+    if not model:
+        raise DrafterConfigError("drafter 'draft_model' needs drafter.model: a model config mapping (like conf/model/*.yaml)")
+    draft = load_model(_to_plain(model))
+    d_vocab = int(draft.model.get_input_embeddings().weight.shape[0])
+    t_vocab = int(target.model.get_input_embeddings().weight.shape[0])
+    if d_vocab != t_vocab:
+        raise DrafterConfigError(
+            f"draft model {draft.config.name!r} has a vocabulary of {d_vocab} but the target has {t_vocab}; "
+            "a draft model must share the target's tokenizer"
+        )
+    return DraftModelDrafter(
+        draft.model, num_tokens=num_tokens, temperature=temperature, layers_path=draft.config.layers_path, seed=seed
+    )
+
+
+@register_drafter("self")
+def build_self(target: TargetModel, loaded: LoadedModel, skip: Iterable[int] = (), num_tokens: int = 5, temperature: float = 0.0, seed: int = 0) -> Drafter:
+    """Self-drafting: the target under a larger skip set (its own KV cache)."""
+    from tss_opt.evaluation.drafters.draft_model import SelfDrafter
+
+    return SelfDrafter(
+        target.model, skip=list(skip), num_tokens=num_tokens, temperature=temperature, layers_path=loaded.config.layers_path, seed=seed
+    )
+
+
+@register_drafter("token_recycle")
+def build_token_recycle(
+    target: TargetModel, loaded: LoadedModel, template: Any = "builtin:token_recycle_15.json", top_k: int = 8, keep_table: bool = True, max_nodes: int | None = None
+) -> Drafter:
+    """Token Recycling over a static template."""
+    from tss_opt.evaluation.drafters.token_recycle import TokenRecycleDrafter
+
+    return TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
+
+
+@register_drafter("samd")
+def build_samd(
+    target: TargetModel,
+    loaded: LoadedModel,
+    threshold: int = 4,
+    num_tokens: int = 10,
+    template: Any = "builtin:token_recycle_15.json",
+    top_k: int = 8,
+    keep_table: bool = True,
+) -> Drafter:
+    """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle")."""
+    from tss_opt.evaluation.drafters.sam import SamdDrafter
+    from tss_opt.evaluation.drafters.token_recycle import TokenRecycleDrafter
+
+    fallback = TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
+    return SamdDrafter(threshold=threshold, num_tokens=num_tokens, fallback=fallback)
+
+
+@register_drafter("eagle")
+def build_eagle(
+    target: TargetModel,
+    loaded: LoadedModel,
+    path: str | None = None,
+    random_init: bool = False,
+    seed: int = 0,
+    total_tokens: int = 60,
+    depth: int = 6,
+    top_k: int = 8,
+) -> Drafter:
+    """EAGLE-1 head from ``path`` (or a random head with ``random_init``), EAGLE-2 tree."""
+    from tss_opt.evaluation.drafters.eagle import EagleDrafter, load_eagle_head, random_eagle_head
+
+    if random_init:
+        head = random_eagle_head(target.model, seed=seed)
+    elif not path or path == MISSING:
+        raise DrafterConfigError(
+            "drafter 'eagle' needs drafter.path (a directory with config.json + pytorch_model.bin), "
+            "or drafter.random_init=true for a random head"
+        )
+    else:
+        head = load_eagle_head(path, target.model)
+    return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k)

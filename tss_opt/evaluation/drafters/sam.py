@@ -1,0 +1,184 @@
+"""SAM decoding: retrieve the continuation of the longest earlier match with a suffix automaton.
+
+Hu et al. 2024, "SAM Decoding: Speculative Decoding via Suffix Automaton" (arXiv 2411.10666).
+A suffix automaton over prompt + output, extended token by token, tracks the longest suffix of
+the text that also occurred *ending earlier*, and where. When that match is long enough, its
+continuation is proposed as a chain; otherwise an auxiliary drafter (Token Recycling: "SAMD
+Token Recycle", the TSS paper's Llama-2-13B setting) proposes a tree. Unlike prompt lookup's
+fixed n-grams, the match length is unbounded and each step costs amortised O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.evaluation.drafters.base import Drafter, VerifyFeedback
+from tss_opt.evaluation.drafters.token_recycle import TokenRecycleDrafter
+
+
+class SuffixAutomaton:
+    """Online suffix automaton over token ids with a running longest-earlier-match.
+
+    After :meth:`extend` has consumed ``s[0..n]``:
+
+    * :attr:`match_length` is the length ``l`` of the longest suffix of ``s[0..n]`` that also
+      occurs ending at some position ``e < n``;
+    * :attr:`match_end` is the most recent such ``e`` (``-1`` when ``l == 0``), so
+      ``s[e + 1 :]`` is what followed the earlier occurrence: the draft.
+
+    States keep the usual ``next``/``link``/``length`` plus ``last_end``, the latest end
+    position of the state's strings; it is refreshed along the new state's suffix-link path
+    on every extension (every suffix of the text ends at the new position).
+    """
+
+    def __init__(self, tokens: Iterable[int] = ()) -> None:
+        self.next: list[dict[int, int]] = [{}]
+        self.link: list[int] = [-1]
+        self.length: list[int] = [0]
+        self.last_end: list[int] = [-1]
+        self.tokens: list[int] = []
+        self._last = 0  # state of the whole text
+        self._cur = 0  # state of the current match (strings occurring ending earlier)
+        self.match_length = 0
+        self.match_end = -1
+        self.extend_many(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.length)
+
+    def longest_match(self) -> tuple[int, int]:
+        """``(length, end)`` of the longest earlier match of the current suffix (``(0, -1)``: none)."""
+        return self.match_length, self.match_end
+
+    def continuation(self, max_tokens: int) -> list[int]:
+        """Up to ``max_tokens`` tokens that followed the earlier occurrence of the match."""
+        if self.match_length == 0:
+            return []
+        start = self.match_end + 1
+        return self.tokens[start : start + max_tokens]
+
+    def extend_many(self, tokens: Iterable[int]) -> None:
+        for t in tokens:
+            self.extend(int(t))
+
+    def extend(self, token: int) -> None:
+        """Append ``token`` (position ``n = len(self)``) and update the running match."""
+        n = len(self.tokens)
+        nxt, link, length, last_end = self.next, self.link, self.length, self.last_end
+
+        # 1) Match against the automaton of s[0..n-1] (before adding the token), so every
+        #    occurrence found ends before n and has a non-empty continuation.
+        st, ln = self._cur, self.match_length
+        while st != 0 and token not in nxt[st]:
+            st = link[st]
+            ln = length[st]
+        if token in nxt[st]:
+            st = nxt[st][token]
+            ln += 1
+        else:
+            st, ln = 0, 0
+        self.match_length = ln
+        self.match_end = last_end[st] if ln > 0 else -1
+
+        # 2) Standard online extension (Blumer et al.).
+        cur = len(length)
+        nxt.append({})
+        link.append(0)
+        length.append(length[self._last] + 1)
+        last_end.append(n)
+        p = self._last
+        while p != -1 and token not in nxt[p]:
+            nxt[p][token] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][token]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:
+                clone = len(length)
+                nxt.append(dict(nxt[q]))
+                link.append(link[q])
+                length.append(length[p] + 1)
+                last_end.append(last_end[q])
+                while p != -1 and nxt[p].get(token) == q:
+                    nxt[p][token] = clone
+                    p = link[p]
+                link[q] = clone
+                link[cur] = clone
+        self._last = cur
+        # Every suffix of s[0..n] now ends at n: refresh last_end along cur's suffix links.
+        v = cur
+        while v > 0:
+            last_end[v] = n
+            v = link[v]
+        self.tokens.append(token)
+
+        # 3) If the match state was split by a clone, the matched string (length ln) may now
+        #    belong to the clone, which became the state's suffix link.
+        if st != 0 and ln <= length[link[st]]:
+            st = link[st]
+        self._cur = st
+
+
+class SamdDrafter(Drafter):
+    """SAM decoding with an auxiliary tree drafter ("SAMD Token Recycle").
+
+    Args:
+        threshold: minimum match length for the retrieved chain to be used (SAM-Decoding's
+            ``len_threshold``, 4 in its reference settings).
+        num_tokens: chain length proposed from a match (its ``n_predicts``, 10).
+        fallback: drafter used when the match is shorter; default a
+            :class:`TokenRecycleDrafter` with the builtin 15-node template.
+
+    The automaton is rebuilt per request from the prompt and extended with the committed
+    tokens (it catches up from ``context`` in :meth:`propose`, which holds exactly prompt +
+    committed tokens, so it can never drift from what the engine committed). The fallback
+    learns from every verification, whichever drafter proposed the tree.
+    """
+
+    def __init__(self, threshold: int = 4, num_tokens: int = 10, fallback: Drafter | None = None) -> None:
+        if threshold < 1 or num_tokens < 1:
+            raise ValueError(
+                f"SAM decoding needs threshold >= 1 and num_tokens >= 1; got threshold={threshold}, num_tokens={num_tokens}"
+            )
+        self.threshold = threshold
+        self.num_tokens = num_tokens
+        self.fallback: Drafter = fallback if fallback is not None else TokenRecycleDrafter()
+        self.needs_prefill_feedback = self.fallback.needs_prefill_feedback
+        self.sam = SuffixAutomaton()
+        self.sam_steps = 0  # proposals taken from the automaton
+        self.fallback_steps = 0  # proposals taken from the fallback
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self.sam = SuffixAutomaton(prompt_ids.reshape(-1).tolist())
+        self.fallback.reset(prompt_ids)
+
+    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.fallback.prefill_feedback(prompt_ids, logits, hidden)
+
+    def update(self, feedback: VerifyFeedback) -> None:
+        self.fallback.update(feedback)
+
+    def _sync(self, context: torch.Tensor) -> None:
+        n = len(self.sam)
+        if int(context.numel()) < n:  # a new request without reset: start over
+            self.sam = SuffixAutomaton()
+            n = 0
+        self.sam.extend_many(context[n:].tolist())
+
+    def propose(self, context: torch.Tensor) -> DraftTree:
+        self._sync(context)
+        if self.sam.match_length >= self.threshold:
+            cont = self.sam.continuation(self.num_tokens)
+            if cont:
+                self.sam_steps += 1
+                return DraftTree.chain(cont)
+        self.fallback_steps += 1
+        return self.fallback.propose(context)

@@ -1,0 +1,126 @@
+"""Export a finished search study into the mapping file."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import optuna
+
+from tss_opt.mapping.format import MappingEntry, MappingError, OperatingPoint
+from tss_opt.mapping.io import DEFAULT_MAPPING_PATH, write_entry
+from tss_opt.search.algorithm import canonical
+from tss_opt.search.result import SearchResult, TrialRecord, load_result
+from tss_opt.storage import open_storage, storage_url
+
+__all__ = ["entry_from_result", "export_mapping"]
+
+
+def _point(record: TrialRecord, num_layers: int) -> OperatingPoint:
+    assert (
+        record.accept_length is not None and record.metric is not None and record.cost is not None
+    )
+    return OperatingPoint(
+        skip_set=canonical(record.skip_set),
+        accept_length=record.accept_length,
+        metric=record.metric,
+        cost=record.cost,
+        sparsity=len(record.skip_set) / num_layers,
+    )
+
+
+def entry_from_result(
+    result: SearchResult,
+    *,
+    domain: str,
+    model: str,
+    drafter: str | None = None,
+    split: str | None = None,
+    storage: str = "",
+) -> MappingEntry:
+    """Build the mapping entry of a finished :class:`~tss_opt.search.SearchResult`.
+
+    Raises:
+        MappingError: The search is not finished.
+    """
+    if not result.finished:
+        done = ", ".join(f"level {lv.level}: {lv.evaluated}/{lv.total}" for lv in result.levels)
+        raise MappingError(
+            f"Study '{result.study_name}' is not finished ({done}); run the search to the end "
+            "(run_search resumes it) before exporting."
+        )
+    best = _point(result.best_record, result.num_layers)
+    base = result.baseline
+    return MappingEntry(
+        domain=domain,
+        skip_set=best.skip_set,
+        accept_length=best.accept_length,
+        metric=best.metric,
+        metric_name=result.metric_name,
+        cost=best.cost,
+        sparsity=best.sparsity,
+        baseline={k: float(base[k]) for k in ("accept_length", "metric", "cost")},
+        model=model,
+        num_layers=result.num_layers,
+        drafter=drafter,
+        study={"name": result.study_name, "storage": storage},
+        selection=result.selection,
+        alternatives=tuple(
+            _point(result.record(c), result.num_layers) for c in result.pareto if c != result.best
+        ),
+        split=split,
+    )
+
+
+def export_mapping(
+    storage: str | optuna.storages.BaseStorage | None,
+    study_name: str,
+    path: str | os.PathLike[str] = DEFAULT_MAPPING_PATH,
+    domain: str | None = None,
+) -> MappingEntry:
+    """Write the selected skip set of a finished study into the mapping file at ``path``.
+
+    The other domains in the file are kept. Model, drafter, domain and split come from the
+    study's ``metadata`` (given to ``run_search``).
+
+    Args:
+        storage: A URL (``None``: the default SQLite file) or an Optuna storage.
+        study_name: The finished study.
+        path: The mapping file (default ``storage/mapping.yaml``).
+        domain: The domain to write; default: the study's ``metadata["domain"]``.
+
+    Returns:
+        The entry written.
+
+    Raises:
+        MappingError: Unfinished study, missing domain/model metadata, a corrupt or
+            other-model mapping file.
+    """
+    if storage is None or isinstance(storage, str):
+        storage = open_storage(storage, heartbeat_interval=None, grace_period=None)
+    result = load_result(storage, study_name)
+    metadata: dict[str, Any] = optuna.load_study(
+        study_name=study_name, storage=storage
+    ).user_attrs.get("metadata", {})
+    domain = domain or metadata.get("domain")
+    if not domain:
+        raise MappingError(
+            f"Study '{study_name}' has no metadata['domain']; pass domain=... to export_mapping."
+        )
+    model = metadata.get("model")
+    if not model:
+        raise MappingError(
+            f"Study '{study_name}' has no metadata['model']; run_search(..., "
+            "metadata={'model': <model id>, ...}) records it, and the mapping needs it to "
+            "refuse a different model at run time."
+        )
+    entry = entry_from_result(
+        result,
+        domain=str(domain),
+        model=str(model),
+        drafter=metadata.get("drafter"),
+        split=metadata.get("split"),
+        storage=storage_url(storage),
+    )
+    write_entry(path, entry)
+    return entry

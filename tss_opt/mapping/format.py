@@ -1,0 +1,304 @@
+"""The mapping file's content: domain -> selected skip set, validated on the way in and out.
+
+A mapping file serves one target model; each domain has one entry. See ``docs/mapping.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMAT_VERSION",
+    "DomainMapping",
+    "MappingEntry",
+    "MappingError",
+    "OperatingPoint",
+    "mapping_from_data",
+]
+
+FORMAT_VERSION = 1
+
+
+class MappingError(ValueError):
+    """A mapping file is missing, corrupt, invalid, or for another model."""
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """One measured skip set: its layers and objectives."""
+
+    skip_set: tuple[int, ...]
+    accept_length: float
+    metric: float
+    cost: float
+    sparsity: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "skip_set": list(self.skip_set),
+            "accept_length": self.accept_length,
+            "metric": self.metric,
+            "cost": self.cost,
+            "sparsity": self.sparsity,
+        }
+
+
+@dataclass(frozen=True)
+class MappingEntry:
+    """The selected skip set of one domain and where it came from.
+
+    Attributes:
+        domain: The task domain (``qa``, ``translation``...).
+        skip_set: S*, ascending layer indices (empty: run dense).
+        accept_length, metric, cost: The objectives measured for S* on the calibration split.
+        metric_name: The task metric's name (``f1``, ``bleu``...).
+        sparsity: R = |S*| / L.
+        baseline: The dense run's ``accept_length``, ``metric`` and ``cost``.
+        model: The target model id.
+        num_layers: L.
+        drafter: The drafter used while searching (``None`` if unknown).
+        study: ``{"name": ..., "storage": ...}`` (URL without password).
+        selection: The selection rule (``min_cost`` or ``triple_win``).
+        alternatives: The other Pareto points.
+        split: The data split searched on (e.g. ``calibration``).
+    """
+
+    domain: str
+    skip_set: tuple[int, ...]
+    accept_length: float
+    metric: float
+    metric_name: str
+    cost: float
+    sparsity: float
+    baseline: Mapping[str, float]
+    model: str
+    num_layers: int
+    drafter: str | None
+    study: Mapping[str, str]
+    selection: str
+    alternatives: tuple[OperatingPoint, ...] = ()
+    split: str | None = None
+
+    @property
+    def skip(self) -> frozenset[int]:
+        """S* as a frozenset, ready for the runtime."""
+        return frozenset(self.skip_set)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML form of the entry (the domain is the key, not a field)."""
+        data: dict[str, Any] = {
+            "skip_set": list(self.skip_set),
+            "accept_length": self.accept_length,
+            "metric": self.metric,
+            "metric_name": self.metric_name,
+            "cost": self.cost,
+            "sparsity": self.sparsity,
+            "baseline": dict(self.baseline),
+            "model": self.model,
+            "num_layers": self.num_layers,
+            "drafter": self.drafter,
+            "split": self.split,
+            "study": dict(self.study),
+            "selection": self.selection,
+            "alternatives": [a.to_dict() for a in self.alternatives],
+        }
+        return data
+
+
+@dataclass(frozen=True)
+class DomainMapping:
+    """A whole mapping file: one model, one entry per domain.
+
+    Attributes:
+        model: The target model id all entries were searched on (``None`` when empty).
+        num_layers: Its layer count (``None`` when empty).
+        entries: Entries by domain.
+        path: Where it was read from, if anywhere.
+    """
+
+    model: str | None = None
+    num_layers: int | None = None
+    entries: Mapping[str, MappingEntry] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def domains(self) -> list[str]:
+        return sorted(self.entries)
+
+    def entry_for(self, domain: str) -> MappingEntry | None:
+        """The entry of ``domain``, or ``None`` (then the runtime runs dense)."""
+        return self.entries.get(domain)
+
+    def skip_set_for(self, domain: str) -> frozenset[int]:
+        """S* of ``domain``; the empty set (dense) for an unknown domain."""
+        entry = self.entries.get(domain)
+        return entry.skip if entry is not None else frozenset()
+
+    def check_model(self, model_id: str, num_layers: int) -> None:
+        """Raise :class:`MappingError` unless the mapping was searched on this model.
+
+        Raises:
+            MappingError: The model id or the layer count differs.
+        """
+        where = f" in {self.path}" if self.path else ""
+        if self.model is None:
+            return
+        if self.model != model_id or self.num_layers != num_layers:
+            raise MappingError(
+                f"The mapping{where} is for model '{self.model}' ({self.num_layers} layers), "
+                f"but the loaded model is '{model_id}' ({num_layers} layers); its skip sets "
+                "would skip the wrong layers. Use the mapping file searched on this model "
+                "or run the search for it."
+            )
+
+    def with_entry(self, entry: MappingEntry) -> DomainMapping:
+        """A copy with ``entry`` added or replaced (same model required)."""
+        if self.model is not None and (
+            entry.model != self.model or entry.num_layers != self.num_layers
+        ):
+            where = f" {self.path}" if self.path else ""
+            raise MappingError(
+                f"Cannot add domain '{entry.domain}' searched on '{entry.model}' "
+                f"({entry.num_layers} layers) to the mapping{where} for '{self.model}' "
+                f"({self.num_layers} layers); write it to another mapping file."
+            )
+        entries = dict(self.entries)
+        entries[entry.domain] = entry
+        return replace(self, model=entry.model, num_layers=entry.num_layers, entries=entries)
+
+    def to_data(self) -> dict[str, Any]:
+        """The YAML document."""
+        return {
+            "format": FORMAT_VERSION,
+            "model": self.model,
+            "num_layers": self.num_layers,
+            "domains": {d: self.entries[d].to_dict() for d in sorted(self.entries)},
+        }
+
+
+def _err(path: Path | None, where: str, message: str) -> MappingError:
+    at = f"{path}" if path else "mapping"
+    return MappingError(f"{at}: {where}: {message}")
+
+
+def _number(path: Path | None, where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _err(path, where, f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _text(path: Path | None, where: str, value: Any, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _err(path, where, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _layers(path: Path | None, where: str, value: Any, num_layers: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or any(
+        isinstance(x, bool) or not isinstance(x, int) for x in value
+    ):
+        raise _err(path, where, f"expected a list of layer indices, got {value!r}")
+    bad = [x for x in value if not 0 <= x < num_layers]
+    if bad:
+        raise _err(
+            path,
+            where,
+            f"layer(s) {bad} outside [0, {num_layers}) for a {num_layers}-layer model; "
+            "the entry was written for another model or edited by hand",
+        )
+    if len(set(value)) != len(value):
+        raise _err(path, where, f"duplicate layers in {value}")
+    return tuple(sorted(value))
+
+
+def _point(path: Path | None, where: str, data: Any, num_layers: int) -> OperatingPoint:
+    if not isinstance(data, Mapping):
+        raise _err(path, where, f"expected a mapping, got {type(data).__name__}")
+    skip = _layers(path, f"{where}.skip_set", data.get("skip_set"), num_layers)
+    return OperatingPoint(
+        skip_set=skip,
+        accept_length=_number(path, f"{where}.accept_length", data.get("accept_length")),
+        metric=_number(path, f"{where}.metric", data.get("metric")),
+        cost=_number(path, f"{where}.cost", data.get("cost")),
+        sparsity=_number(path, f"{where}.sparsity", data.get("sparsity", len(skip) / num_layers)),
+    )
+
+
+def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: int) -> MappingEntry:
+    where = f"domains.{domain}"
+    if not isinstance(data, Mapping):
+        raise _err(path, where, f"expected a mapping, got {type(data).__name__}")
+    if data.get("model", model) != model or data.get("num_layers", num_layers) != num_layers:
+        raise _err(
+            path,
+            where,
+            f"entry is for model {data.get('model')!r} ({data.get('num_layers')} layers) but "
+            f"the file is for {model!r} ({num_layers} layers)",
+        )
+    baseline = data.get("baseline")
+    if not isinstance(baseline, Mapping):
+        raise _err(path, f"{where}.baseline", f"expected a mapping, got {baseline!r}")
+    study = data.get("study") or {}
+    if not isinstance(study, Mapping):
+        raise _err(path, f"{where}.study", f"expected a mapping, got {study!r}")
+    alternatives = data.get("alternatives") or []
+    if not isinstance(alternatives, list):
+        raise _err(path, f"{where}.alternatives", f"expected a list, got {alternatives!r}")
+    skip = _layers(path, f"{where}.skip_set", data.get("skip_set"), num_layers)
+    return MappingEntry(
+        domain=domain,
+        skip_set=skip,
+        accept_length=_number(path, f"{where}.accept_length", data.get("accept_length")),
+        metric=_number(path, f"{where}.metric", data.get("metric")),
+        metric_name=_text(path, f"{where}.metric_name", data.get("metric_name", "metric")) or "",
+        cost=_number(path, f"{where}.cost", data.get("cost")),
+        sparsity=_number(path, f"{where}.sparsity", data.get("sparsity", len(skip) / num_layers)),
+        baseline={
+            k: _number(path, f"{where}.baseline.{k}", baseline.get(k))
+            for k in ("accept_length", "metric", "cost")
+        },
+        model=model,
+        num_layers=num_layers,
+        drafter=_text(path, f"{where}.drafter", data.get("drafter"), optional=True),
+        study={str(k): str(v) for k, v in study.items()},
+        selection=_text(path, f"{where}.selection", data.get("selection", "min_cost")) or "",
+        alternatives=tuple(
+            _point(path, f"{where}.alternatives[{i}]", a, num_layers)
+            for i, a in enumerate(alternatives)
+        ),
+        split=_text(path, f"{where}.split", data.get("split"), optional=True),
+    )
+
+
+def mapping_from_data(data: Any, path: Path | None = None) -> DomainMapping:
+    """Validate a parsed YAML document and build the :class:`DomainMapping`.
+
+    Raises:
+        MappingError: Naming the file, the field and what was expected.
+    """
+    if not isinstance(data, Mapping):
+        raise _err(path, "top level", f"expected a mapping, got {type(data).__name__}")
+    fmt = data.get("format", FORMAT_VERSION)
+    if fmt != FORMAT_VERSION:
+        raise _err(path, "format", f"unsupported version {fmt!r}; this code reads {FORMAT_VERSION}")
+    domains = data.get("domains") or {}
+    if not isinstance(domains, Mapping):
+        raise _err(path, "domains", f"expected a mapping of domain -> entry, got {domains!r}")
+    if not domains:
+        return DomainMapping(path=path)
+    model = _text(path, "model", data.get("model")) or ""
+    num_layers = data.get("num_layers")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise _err(path, "num_layers", f"expected an integer >= 1, got {num_layers!r}")
+    entries: dict[str, MappingEntry] = {}
+    for domain, entry in domains.items():
+        if not isinstance(domain, str) or not domain:
+            raise _err(path, "domains", f"domain names must be non-empty strings, got {domain!r}")
+        entries[domain] = _entry(path, domain, entry, model, num_layers)
+    return DomainMapping(model=model, num_layers=num_layers, entries=entries, path=path)

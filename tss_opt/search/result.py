@@ -1,0 +1,220 @@
+"""``SearchResult``: what a finished (or inspected) search gives back, built from the storage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from tss_opt.search.algorithm import canonical, pareto_front, select
+from tss_opt.search.sampler import BreadthFirstSampler, StoredState
+from tss_opt.search.settings import SearchSettings
+
+__all__ = ["LevelSummary", "SearchResult", "TrialRecord", "build_result", "load_result"]
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One evaluated configuration.
+
+    Attributes:
+        skip_set: The skipped layers.
+        level: k = |skip_set|.
+        number: The Optuna trial number of its COMPLETE trial (-1 when given up).
+        accept_length, metric, cost: The three objectives (``None`` when given up).
+        feasible: Both feasibility bounds hold.
+        values: The measurement as the evaluator returned it (objectives and extras).
+        failed: Given up after its workers crashed ``max_crash_retries + 1`` times.
+    """
+
+    skip_set: frozenset[int]
+    level: int
+    number: int
+    accept_length: float | None
+    metric: float | None
+    cost: float | None
+    feasible: bool
+    values: Mapping[str, Any] = field(default_factory=dict)
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class LevelSummary:
+    """Per level: configurations evaluated, planned (``total``), and feasible."""
+
+    level: int
+    evaluated: int
+    total: int
+    feasible: int
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The outcome of :func:`~tss_opt.search.run_search`.
+
+    Attributes:
+        best: S*, the selected skip set (``frozenset()`` when nothing beats dense).
+        pareto: Feasible sets not dominated on (acceptance, metric, cost), by ascending cost.
+        baseline: The dense measurement (objectives and extras).
+        trials: Every evaluated configuration, level by level in canonical order.
+        levels: Per-level counts.
+        study_name: The Optuna study.
+        pool: The candidate pool (ascending layers; empty if level 1 never completed).
+        selection: The rule that chose ``best``.
+        stop_reason: Why the search stopped ("" while unfinished).
+        finished: Whether the search has finished.
+        metric_name: The task metric's name.
+        num_layers: L.
+    """
+
+    best: frozenset[int]
+    pareto: list[frozenset[int]]
+    baseline: Mapping[str, Any]
+    trials: list[TrialRecord]
+    levels: list[LevelSummary]
+    study_name: str
+    pool: tuple[int, ...]
+    selection: str
+    stop_reason: str
+    finished: bool
+    metric_name: str
+    num_layers: int
+
+    def record(self, skip_set: frozenset[int] | set[int] | tuple[int, ...]) -> TrialRecord:
+        """The record of one skip set (``KeyError`` if it was not evaluated)."""
+        key = frozenset(skip_set)
+        for r in self.trials:
+            if r.skip_set == key:
+                return r
+        raise KeyError(f"skip set {sorted(key)} was not evaluated in study '{self.study_name}'")
+
+    @property
+    def best_record(self) -> TrialRecord:
+        return self.record(self.best)
+
+    @property
+    def evaluated(self) -> set[frozenset[int]]:
+        """The set of evaluated skip sets (baseline included)."""
+        return {r.skip_set for r in self.trials}
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready digest (stored as the study's ``result`` user attribute)."""
+        return {
+            "finished": self.finished,
+            "stop_reason": self.stop_reason,
+            "selection": self.selection,
+            "best": list(canonical(self.best)),
+            "pareto": [list(canonical(c)) for c in self.pareto],
+            "pool": list(self.pool),
+            "evaluated": len(self.trials),
+        }
+
+
+def build_result(
+    state: StoredState,
+    sampler: BreadthFirstSampler,
+    *,
+    study_name: str,
+    selection: str,
+    metric_name: str,
+) -> SearchResult:
+    """Turn a stored state into a :class:`SearchResult` (best, Pareto, records, levels)."""
+    plan = state.plan
+    hib = sampler.metric_higher_is_better
+    results = state.results
+    feasible = set(plan.feasible)
+    records: list[TrialRecord] = []
+    for config in plan.planned:
+        if config not in results:
+            continue
+        m = results[config]
+        if m is None:
+            records.append(TrialRecord(config, len(config), -1, None, None, None, False, {}, True))
+            continue
+        trial = state.complete[config]
+        values = {"accept_length": m.accept_length, "metric": m.metric, "cost": m.cost}
+        values.update({k: v for k, v in trial.user_attrs.items() if k not in _BOOKKEEPING_ATTRS})
+        records.append(
+            TrialRecord(
+                skip_set=config,
+                level=len(config),
+                number=trial.number,
+                accept_length=m.accept_length,
+                metric=m.metric,
+                cost=m.cost,
+                feasible=config in feasible,
+                values=values,
+            )
+        )
+    baseline = next((r.values for r in records if not r.skip_set), {})
+    best = select(selection, plan, results, metric_higher_is_better=hib)
+    pareto = (
+        pareto_front(plan.feasible, results, metric_higher_is_better=hib) if plan.baseline else []
+    )
+    return SearchResult(
+        best=best,
+        pareto=pareto,
+        baseline=baseline,
+        trials=records,
+        levels=[
+            LevelSummary(lv.level, lv.evaluated, len(lv.configs), len(lv.feasible))
+            for lv in plan.levels
+        ],
+        study_name=study_name,
+        pool=tuple(plan.pool or ()),
+        selection=selection,
+        stop_reason=plan.stop_reason,
+        finished=plan.finished,
+        metric_name=metric_name,
+        num_layers=sampler.num_layers,
+    )
+
+
+# Trial user attributes written by the search itself, not by the evaluator.
+_BOOKKEEPING_ATTRS = frozenset({"skip_set", "level", "num_skipped", "sparsity", "feasible"})
+
+
+def load_result(
+    storage: str | optuna.storages.BaseStorage | None,
+    study_name: str,
+    *,
+    selection: str | None = None,
+) -> SearchResult:
+    """Rebuild the result of a stored search without an evaluator.
+
+    Args:
+        storage: A URL (``None``: the default SQLite file) or an Optuna storage.
+        study_name: The study.
+        selection: Override the stored selection rule.
+
+    Raises:
+        KeyError: No such study.
+        ValueError: The study was not created by :func:`~tss_opt.search.run_search`.
+    """
+    from tss_opt.storage import open_storage
+
+    if storage is None or isinstance(storage, str):
+        storage = open_storage(storage, heartbeat_interval=None, grace_period=None)
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    attrs = study.user_attrs
+    if "search_settings" not in attrs:
+        raise ValueError(
+            f"Study '{study_name}' was not created by tss_opt.search.run_search "
+            "(it has no 'search_settings' user attribute)."
+        )
+    settings = SearchSettings.from_mapping(attrs["search_settings"])
+    sampler = BreadthFirstSampler(
+        settings,
+        int(attrs["num_layers"]),
+        metric_higher_is_better=bool(attrs.get("metric_higher_is_better", True)),
+    )
+    state = sampler.state(study)
+    return build_result(
+        state,
+        sampler,
+        study_name=study_name,
+        selection=selection or settings.selection,
+        metric_name=str(attrs.get("metric_name", "metric")),
+    )

@@ -1,0 +1,192 @@
+"""``run_search``: run (or join, or resume) the breadth-first TSS search of one study."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
+
+from tss_opt.search.evaluator import Evaluator, describe_evaluator
+from tss_opt.search.progress import Progress
+from tss_opt.search.result import SearchResult, build_result
+from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
+from tss_opt.search.settings import SearchSettings
+from tss_opt.search.study import create_or_load_study
+from tss_opt.search.worker import QueueStudy, RetryStaleSkipSetCallback, Worker
+from tss_opt.storage import (
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    make_sqlite_safe,
+    open_storage,
+    unwrap_storage,
+)
+
+__all__ = ["SearchError", "run_search"]
+
+logger = logging.getLogger("tss_opt.search")
+
+
+class SearchError(RuntimeError):
+    """The search cannot proceed (e.g. the dense baseline cannot be evaluated)."""
+
+
+def run_search(
+    evaluator: Evaluator,
+    *,
+    storage: str | BaseStorage | None,
+    study_name: str,
+    mode: str = "exhaustive",
+    beam_width: int = 3,
+    max_depth: int = 5,
+    eps_accept: float = 0.05,
+    eps_metric: float = 0.05,
+    tau_accept: float = 0.05,
+    tau_metric: float = 0.05,
+    relative: bool = True,
+    early_barrier: int = 0,
+    latter_barrier: int = 0,
+    selection: str = "min_cost",
+    max_trials: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
+    grace_period: int = DEFAULT_GRACE_PERIOD,
+    n_workers_hint: int | None = None,
+    show_progress: bool = True,
+) -> SearchResult:
+    """Run Algorithm 1 of TSS as Optuna trials, cooperating with other workers.
+
+    Every process that calls this with the same storage and study name joins the same
+    search: each configuration is evaluated once, level k starts only when level k-1 is
+    complete, a worker that dies mid-trial has its trial re-run once elsewhere, and every
+    worker returns the same result when the search is finished. Calling it again on a
+    stored study resumes it without re-evaluating completed trials.
+
+    Args:
+        evaluator: Measures a skip set (see :class:`tss_opt.search.Evaluator`).
+        storage: A storage URL (``None``: ``sqlite:///storage/tss.db``) or an Optuna storage.
+            Several processes need an RDB URL (SQLite file, PostgreSQL, MySQL).
+        study_name: The study; see :func:`tss_opt.search.study_name_for`.
+        mode, beam_width, max_depth, eps_accept, eps_metric, tau_accept, tau_metric,
+        relative, early_barrier, latter_barrier, selection, max_trials, heartbeat_interval,
+        grace_period: See :class:`tss_opt.search.SearchSettings`.
+        metadata: Model id, num_layers, drafter, domain, split... stored in the study's user
+            attributes and copied into the mapping by :func:`tss_opt.mapping.export_mapping`.
+        n_workers_hint: How many workers are expected (checked against the storage; logged).
+        show_progress: Log progress at INFO (else DEBUG) on logger ``tss_opt.search``.
+
+    Returns:
+        The :class:`SearchResult`.
+
+    Raises:
+        ValueError: Invalid settings or evaluator.
+        tss_opt.search.StudyMismatchError: The stored study has other settings.
+        tss_opt.storage.StorageError: The storage URL is unparsable or unreachable.
+        SearchError: The dense baseline could not be evaluated.
+        Exception: Whatever the evaluator raised (the trial is failed and re-queued).
+    """
+    settings = SearchSettings(
+        mode=mode,
+        beam_width=beam_width,
+        max_depth=max_depth,
+        eps_accept=eps_accept,
+        eps_metric=eps_metric,
+        tau_accept=tau_accept,
+        tau_metric=tau_metric,
+        relative=relative,
+        early_barrier=early_barrier,
+        latter_barrier=latter_barrier,
+        selection=selection,
+        max_trials=max_trials,
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
+    )
+    info = describe_evaluator(evaluator)
+    settings.validate(info.num_layers)
+    if not isinstance(study_name, str) or not study_name:
+        raise ValueError(f"study_name={study_name!r} must be a non-empty string.")
+    with _storage_for(storage, settings, n_workers_hint) as store:
+        create_or_load_study(store, study_name, info, settings, metadata)
+        sampler = BreadthFirstSampler(
+            settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
+        )
+        study = QueueStudy(study_name=study_name, storage=store, sampler=sampler)
+        progress = Progress(info.metric_name, show=show_progress)
+        logger.log(
+            progress.level,
+            "worker joins study '%s' (%s mode, L=%d%s)",
+            study_name,
+            settings.mode,
+            info.num_layers,
+            f", {n_workers_hint} workers expected" if n_workers_hint else "",
+        )
+        state = Worker(study, evaluator, info, progress).run()
+        if state.plan.baseline is None:
+            raise SearchError(
+                f"Study '{study_name}': the dense baseline (empty skip set) could not be "
+                f"evaluated ({state.plan.stop_reason}); its worker crashed "
+                f"{MAX_CRASH_RETRIES + 1} times. Fix the evaluator, then delete the study or "
+                "use a new study_name."
+            )
+        result = build_result(
+            state,
+            sampler,
+            study_name=study_name,
+            selection=settings.selection,
+            metric_name=info.metric_name,
+        )
+        study.set_user_attr("result", result.summary())
+        progress.finished(result.stop_reason, result.best, result.pareto, len(result.trials))
+        return result
+
+
+@contextlib.contextmanager
+def _storage_for(
+    storage: str | BaseStorage | None, settings: SearchSettings, n_workers_hint: int | None
+) -> Iterator[BaseStorage]:
+    with warnings.catch_warnings():
+        # Optuna marks the retry callback experimental; the warning says nothing actionable.
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        callback = RetryStaleSkipSetCallback(max_retry=MAX_CRASH_RETRIES)
+    if storage is None or isinstance(storage, str):
+        yield open_storage(
+            storage,
+            heartbeat_interval=settings.heartbeat_interval,
+            grace_period=settings.grace_period,
+            heartbeat_stale_trial_callback=callback,
+        )
+        return
+    backend = unwrap_storage(storage)
+    if isinstance(backend, InMemoryStorage) and n_workers_hint and n_workers_hint > 1:
+        raise ValueError(
+            f"n_workers_hint={n_workers_hint} but the storage is in-memory, which other "
+            "processes cannot see; pass an RDB URL such as sqlite:///storage/tss.db."
+        )
+    if not isinstance(backend, RDBStorage):
+        yield storage
+        return
+    make_sqlite_safe(backend.engine)
+    if backend.heartbeat_interval is None:
+        logger.warning(
+            "the storage records no heartbeats: a trial of a killed worker stays RUNNING and "
+            "blocks its level; open it with tss_opt.storage.open_storage(url) instead"
+        )
+    previous = backend.heartbeat_stale_trial_callback
+    if previous is not None and not isinstance(previous, RetryStaleSkipSetCallback):
+        raise ValueError(
+            f"The storage's heartbeat_stale_trial_callback is {type(previous).__name__}; its "
+            "unlocked re-queueing can race with the search's own queue and evaluate a "
+            "configuration twice. Open the storage without a callback (run_search installs "
+            "RetryStaleSkipSetCallback) or pass the URL instead."
+        )
+    backend.heartbeat_stale_trial_callback = callback
+    backend.failed_trial_callback = callback
+    try:
+        yield storage
+    finally:
+        backend.heartbeat_stale_trial_callback = previous
+        backend.failed_trial_callback = previous
