@@ -308,6 +308,11 @@ def test_embedded_model_lossless(
     n = 24
     want = reference(target, smol_prompt, n, skip, scope, eos)
     rec = Recorder(DRAFTERS[name](smol.model))
-    got = SpeculativeEngine(target, rec, eos_token_ids=[eos]).generate(smol_prompt, max_new_tokens=n, skip=skip, scope=scope)
-    assert got.tokens.tolist() == want
-    assert rec.branching >= 2, rec.sizes
+    engine = SpeculativeEngine(target, rec, eos_token_ids=[eos])
+    # Token Recycling's table starts cold and is kept across requests (its hot start): a
+    # second request drafts full trees. EAGLE drafts full trees from the first step.
+    for _ in range(1 if name == "eagle" else 2):
+        got = engine.generate(smol_prompt, max_new_tokens=n, skip=skip, scope=scope)
+        assert got.tokens.tolist() == want
+    assert rec.branching >= 3, rec.sizes
+    assert got.stats.accept_length >= 1.0

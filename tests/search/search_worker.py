@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-on", action="append", default=[], help="e.g. 2 or 1,3")
     args = p.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(process)d %(name)s %(message)s"
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(process)d %(name)s %(message)s"
     )
     import optuna
 

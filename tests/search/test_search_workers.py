@@ -13,7 +13,9 @@ from tss_opt.search import load_result
 from tss_opt.search.study import FAIL_REASON_KEY
 
 L, SEED = 8, 0
-SETTINGS = dict(mode="exhaustive", max_depth=5)
+# 1 + 8 + 21 + 35 = 65 configurations (seed 0): enough overlap between 3 workers, quick.
+SETTINGS = dict(mode="exhaustive", max_depth=3)
+DEPTH = ("--max-depth", "3")
 
 
 def _expected():
@@ -35,7 +37,7 @@ def _check_level_barrier(trials: list[optuna.trial.FrozenTrial]) -> None:
 @pytest.mark.slow
 def test_three_workers_share_one_study(storage_url: str, study_name: str, tmp_path) -> None:
     ref = _expected()
-    procs = spawn_workers(3, storage_url, study_name, tmp_path, "--sleep", "0.05")
+    procs = spawn_workers(3, storage_url, study_name, tmp_path, "--sleep", "0.05", *DEPTH)
     codes = wait_all(procs, tmp_path)
     assert codes == [0, 0, 0], stderr_of(tmp_path)
 
@@ -72,6 +74,7 @@ def test_sigkilled_worker_trial_is_retried_once(storage_url: str, study_name: st
         "--heartbeat", "1",
         "--grace", "2",
         "--kill-on", "2",
+        *DEPTH,
     )  # fmt: skip
     codes = wait_all(procs, tmp_path)
     # The worker that evaluated {2} first killed itself with SIGKILL; the others finished.

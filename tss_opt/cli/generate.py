@@ -1,4 +1,6 @@
-"""``python -m tss_opt.cli.generate prompt="..." [skip=[3,5]] [drafter=pld] [+model=...]``
+"""``python -m tss_opt.cli.generate "prompt='...'" [skip=[3,5]] [drafter=pld] [+model=...]``
+
+Quote the prompt for Hydra too when it holds commas or brackets: ``"prompt='a, b'"``.
 
 Generates an answer with a chosen model, drafter and skip set, and prints the output and the
 request's statistics.

@@ -36,7 +36,7 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
     domain = require_domain(cfg)
     mc = as_model_config(model_config(cfg))
     return {
-        "prompts": cfg.search.prompts if cfg.search.prompts is not None else domain.config.calibration_size,
+        "prompts": min(cfg.search.prompts or domain.config.calibration_size, domain.config.calibration_size),
         "max_new_tokens": cfg.get("max_new_tokens") or cfg.search.max_new_tokens or domain.config.max_new_tokens,
         "split": cfg.split,
         "scope": cfg.scope,

@@ -1,0 +1,41 @@
+"""Serving: one loaded target, per-request skip sets from the mapping, domain routing.
+
+- :class:`TSSController` serves requests, picking each request's skip set from the mapping
+  file by its domain (labelled, or detected by the router); unknown domains run dense.
+- :class:`DomainRouter` detects the domain of an unlabeled request from the target's own
+  hidden states (nearest calibration centroid, with a fall-back-to-dense threshold).
+
+See ``docs/runtime.md``.
+"""
+
+from tss_opt.runtime.controller import (
+    ControllerResult,
+    TSSController,
+    load_or_fit_router,
+    router_cache_path,
+    router_domains,
+)
+from tss_opt.runtime.router import (
+    DomainRouter,
+    RouteDecision,
+    RouterError,
+    RoutingReport,
+    domains_fingerprint,
+    embed_prompt,
+    routing_accuracy,
+)
+
+__all__ = [
+    "ControllerResult",
+    "DomainRouter",
+    "RouteDecision",
+    "RouterError",
+    "RoutingReport",
+    "TSSController",
+    "domains_fingerprint",
+    "embed_prompt",
+    "load_or_fit_router",
+    "router_cache_path",
+    "router_domains",
+    "routing_accuracy",
+]

@@ -14,6 +14,7 @@ is a few kilobytes (one vector per domain) that :meth:`DomainRouter.save` keeps 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ __all__ = [
     "RouteDecision",
     "RouterError",
     "RoutingReport",
+    "domains_fingerprint",
     "embed_prompt",
     "routing_accuracy",
 ]
@@ -110,6 +112,7 @@ class DomainRouter:
         threshold: Minimum cosine similarity for a routed domain; below it, ``None``.
         max_tokens: Prompt tokens embedded.
         model_id: The model the router was fitted on (checked by :meth:`load`).
+        fingerprint: Identifies the prompts it was fitted on (see :func:`domains_fingerprint`).
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class DomainRouter:
         *,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         model_id: str | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         if not centroids:
             raise RouterError("a router needs at least one domain; fit it on the domains' calibration prompts")
@@ -135,6 +139,7 @@ class DomainRouter:
         self.threshold = float(threshold)
         self.max_tokens = int(max_tokens)
         self.model_id = model_id
+        self.fingerprint = fingerprint
 
     # ----------------------------------------------------------------------------- fitting
     @classmethod
@@ -147,6 +152,7 @@ class DomainRouter:
         margin: float = DEFAULT_THRESHOLD_MARGIN,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         model_id: str | None = None,
+        fingerprint: str | None = None,
     ) -> DomainRouter:
         """Embed each domain's prompts and keep one centroid per domain.
 
@@ -161,6 +167,7 @@ class DomainRouter:
             margin: See ``threshold``.
             max_tokens: Prompt tokens embedded.
             model_id: Recorded for :meth:`load`'s check.
+            fingerprint: Recorded to tell later whether the fitting prompts changed.
         """
         empty = [d for d, p in prompts.items() if not p]
         if not prompts or empty:
@@ -172,7 +179,9 @@ class DomainRouter:
         if threshold is None:
             threshold = margin * _lowest_own_similarity(units)
             log.info("router: calibrated threshold %.3f (margin %.2f)", threshold, margin)
-        return cls(target, centroids, center, threshold, max_tokens=max_tokens, model_id=model_id)
+        return cls(
+            target, centroids, center, threshold, max_tokens=max_tokens, model_id=model_id, fingerprint=fingerprint
+        )
 
     @classmethod
     def fit_domains(
@@ -192,6 +201,7 @@ class DomainRouter:
         from tss_opt.evaluation.domains import format_prompt
 
         prompts = {d.name: [format_prompt(tokenizer, ex, None) for ex in d.split(split)] for d in domains}  # type: ignore[arg-type]
+        kwargs.setdefault("fingerprint", domains_fingerprint(domains, split))
         return cls.fit(target, prompts, **kwargs)
 
     # ----------------------------------------------------------------------------- routing
@@ -215,7 +225,7 @@ class DomainRouter:
             domain=nearest if sim >= self.threshold else None,
             similarity=sim,
             nearest=nearest,
-            scores={d: float(v) for d, v in zip(self.domains, s)},
+            scores={d: float(v) for d, v in zip(self.domains, s, strict=True)},
         )
 
     # ----------------------------------------------------------------------------- storage
@@ -224,10 +234,11 @@ class DomainRouter:
         return {
             "format": ROUTER_FORMAT,
             "model_id": self.model_id,
+            "fingerprint": self.fingerprint,
             "threshold": self.threshold,
             "max_tokens": self.max_tokens,
             "center": self.center.tolist(),
-            "centroids": {d: c.tolist() for d, c in zip(self.domains, self.centroids)},
+            "centroids": {d: c.tolist() for d, c in zip(self.domains, self.centroids, strict=True)},
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -255,6 +266,7 @@ class DomainRouter:
             threshold = float(data["threshold"])
             max_tokens = int(data.get("max_tokens", DEFAULT_MAX_TOKENS))
             stored_model = data.get("model_id")
+            fingerprint = data.get("fingerprint")
         except FileNotFoundError as e:
             raise RouterError(f"router file {path} does not exist; fit the router (DomainRouter.fit_domains) and save it") from e
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -267,7 +279,15 @@ class DomainRouter:
         hidden = int(target.model.config.hidden_size)
         if center.numel() != hidden:
             raise RouterError(f"router file {path} has vectors of size {center.numel()} but the model's hidden size is {hidden}; delete it to refit")
-        return cls(target, centroids, center, threshold, max_tokens=max_tokens, model_id=stored_model)
+        return cls(
+            target, centroids, center, threshold, max_tokens=max_tokens, model_id=stored_model, fingerprint=fingerprint
+        )
+
+
+def domains_fingerprint(domains: Sequence[Domain], split: str = "calibration") -> str:
+    """A short hash of the domains' names and the ids of their ``split`` prompts."""
+    data = {d.name: [ex.id for ex in d.split(split)] for d in domains}  # type: ignore[arg-type]
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _lowest_own_similarity(units: Mapping[str, torch.Tensor]) -> float:

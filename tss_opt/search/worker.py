@@ -9,6 +9,7 @@ trial, which ends ``optimize``. The worker then refills the queue (next level) o
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any
 
@@ -23,6 +24,7 @@ from tss_opt.search.progress import Progress
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
 from tss_opt.search.study import FAIL_REASON_KEY, config_of
 from tss_opt.storage import fail_stale, record_heartbeat
+from tss_opt.storage.queue import waiting_trial_ids
 
 __all__ = ["QueueEmpty", "QueueStudy", "RetryStaleSkipSetCallback", "Worker"]
 
@@ -47,21 +49,22 @@ class QueueStudy(optuna.Study):
     def ask(self, fixed_distributions: dict[str, Any] | None = None) -> optuna.Trial:
         # Same as Study.ask, minus the fallback to a new trial.
         self._thread_local.cached_all_trials = None
-        for trial in self._storage.get_all_trials(
-            self._study_id, deepcopy=False, states=(TrialState.WAITING,)
-        ):
+        candidates = waiting_trial_ids(self._storage, self._study_id)
+        # Workers try the oldest queued trials in different orders, so they rarely collide.
+        random.shuffle(candidates)
+        for trial_id in candidates:
             try:
                 # Sets RUNNING only if still WAITING: atomic on PostgreSQL/MySQL (row lock)
                 # and on SQLite with BEGIN IMMEDIATE.
-                taken = self._storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING)
+                taken = self._storage.set_trial_state_values(trial_id, TrialState.RUNNING)
             except UpdateFinishedTrialError:
                 continue
             if not taken:
                 continue
             # Heartbeat at once, not only when Study.optimize starts its heartbeat thread, so a
             # worker killed in between still leaves a trial that goes stale.
-            record_heartbeat(self._storage, trial._trial_id)
-            return optuna.Trial(self, trial._trial_id)
+            record_heartbeat(self._storage, trial_id)
+            return optuna.Trial(self, trial_id)
         raise QueueEmpty
 
 

@@ -33,6 +33,7 @@ def open_storage(
     grace_period: int | None = DEFAULT_GRACE_PERIOD,
     heartbeat_stale_trial_callback: StaleCallback | None = None,
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    fast_commit: bool = True,
 ) -> RDBStorage:
     """Open (and create if needed) the Optuna storage at ``url``.
 
@@ -45,6 +46,13 @@ def open_storage(
         heartbeat_stale_trial_callback: Called for each trial failed as stale, e.g.
             :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`.
         busy_timeout: SQLite only: seconds a connection waits for another's transaction.
+        fast_commit: Commit without waiting for the disk: SQLite in WAL mode with
+            ``synchronous=NORMAL``, PostgreSQL sessions with ``synchronous_commit=off``. A
+            crash of the machine or database server can lose the last fraction of a second of
+            commits but never corrupts the database; the search recovers from lost commits
+            (a trial that lost its completion goes stale and is re-run). A commit otherwise
+            waits for an fsync, 4 to 20 ms on the development machine, and a trial makes
+            about 30 commits.
 
     Returns:
         An :class:`optuna.storages.RDBStorage`; for SQLite every transaction begins with
@@ -62,8 +70,8 @@ def open_storage(
     }
     try:
         if parsed.backend == "sqlite":
-            return _open_sqlite(parsed, busy_timeout, kwargs)
-        return _open_server(parsed, kwargs)
+            return _open_sqlite(parsed, busy_timeout, fast_commit, kwargs)
+        return _open_server(parsed, fast_commit, kwargs)
     except StorageError:
         raise
     except Exception as e:
@@ -84,7 +92,9 @@ def storage_url(storage: str | optuna.storages.BaseStorage | None) -> str:
     return f"<{type(backend).__name__}>"
 
 
-def _open_sqlite(parsed: ParsedURL, busy_timeout: float, kwargs: dict[str, Any]) -> RDBStorage:
+def _open_sqlite(
+    parsed: ParsedURL, busy_timeout: float, fast_commit: bool, kwargs: dict[str, Any]
+) -> RDBStorage:
     assert parsed.sqlite_path is not None
     path = parsed.sqlite_path
     try:
@@ -96,11 +106,14 @@ def _open_sqlite(parsed: ParsedURL, busy_timeout: float, kwargs: dict[str, Any])
     # Creating the tables is not atomic: concurrent first starts would race on CREATE TABLE.
     with file_lock(sqlite_lock_path(path)):
         return SQLiteRDBStorage(
-            parsed.url, engine_kwargs={"connect_args": {"timeout": busy_timeout}}, **kwargs
+            parsed.url,
+            engine_kwargs={"connect_args": {"timeout": busy_timeout}},
+            wal=fast_commit,
+            **kwargs,
         )
 
 
-def _open_server(parsed: ParsedURL, kwargs: dict[str, Any]) -> RDBStorage:
+def _open_server(parsed: ParsedURL, fast_commit: bool, kwargs: dict[str, Any]) -> RDBStorage:
     # Probe with a throw-away connection first: an unreachable server should fail fast with
     # a clear message, not inside Optuna's table creation.
     probe = create_engine(
@@ -114,13 +127,13 @@ def _open_server(parsed: ParsedURL, kwargs: dict[str, Any]) -> RDBStorage:
                 f"Cannot connect to storage '{parsed.masked}': {_safe_message(e, parsed)}. "
                 "Check that the server runs and the database exists."
             ) from e
+        connect_args: dict[str, Any] = {"connect_timeout": _CONNECT_TIMEOUT_S}
+        if fast_commit and parsed.backend == "postgresql":
+            connect_args["options"] = "-c synchronous_commit=off"
         with conn, _server_init_lock(conn, parsed.backend):
             return RDBStorage(
                 parsed.url,
-                engine_kwargs={
-                    "pool_pre_ping": True,
-                    "connect_args": {"connect_timeout": _CONNECT_TIMEOUT_S},
-                },
+                engine_kwargs={"pool_pre_ping": True, "connect_args": connect_args},
                 **kwargs,
             )
     finally:

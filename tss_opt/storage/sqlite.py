@@ -7,10 +7,19 @@ Optuna's read-check-write sections (popping a queued trial, numbering a new tria
 This is SQLAlchemy's documented recipe: the driver's own BEGIN handling is switched off
 (``isolation_level = None``) and a ``begin`` event emits ours. A busy timeout makes waiting
 connections retry instead of failing with "database is locked".
+
+The database is also switched to write-ahead logging with ``synchronous=NORMAL``: a commit
+then costs microseconds instead of two ``fsync`` calls (about 20 ms each on this machine's
+disk, which made a 3-worker search 20x slower than its evaluations). The database stays
+consistent on power loss; at worst the last commits are lost, and a trial whose completion
+was lost is RUNNING without heartbeat, so it is failed as stale and re-run. ``BEGIN
+IMMEDIATE`` keeps its meaning in WAL mode (the write lock is taken at BEGIN and the
+transaction reads the latest commit).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from optuna.storages import RDBStorage
@@ -25,28 +34,56 @@ DEFAULT_BUSY_TIMEOUT = 60.0
 
 _MARK = "_tss_opt_sqlite_safe"
 
+logger = logging.getLogger("tss_opt.storage")
+
 
 def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
     # Stop the sqlite3 module from emitting its own (DEFERRED) BEGIN.
     dbapi_connection.isolation_level = None
 
 
+def _on_connect_wal(dbapi_connection: Any, connection_record: Any) -> None:
+    _on_connect(dbapi_connection, connection_record)
+    # Per connection: with WAL, NORMAL syncs at checkpoints only (see the module docstring).
+    # (In rollback-journal mode NORMAL could corrupt on power loss, hence WAL only.)
+    dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+
 def _on_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_sqlite_safe(engine: Engine) -> None:
+def make_sqlite_safe(engine: Engine, *, wal: bool = True) -> None:
     """Make every transaction of ``engine`` start with ``BEGIN IMMEDIATE`` (idempotent).
 
     Pooled connections opened before the call are discarded, so the setting applies to all
-    connections from now on.
+    connections from now on. With ``wal`` the database file is switched to WAL mode.
     """
     if engine.dialect.name != "sqlite" or getattr(engine, _MARK, False):
         return
-    event.listen(engine, "connect", _on_connect)
+    event.listen(engine, "connect", _on_connect_wal if wal else _on_connect)
     event.listen(engine, "begin", _on_begin)
     setattr(engine, _MARK, True)
     engine.dispose()
+    if wal:
+        _enable_wal(engine)
+
+
+def _enable_wal(engine: Engine) -> None:
+    # The journal mode is stored in the database file, so one switch serves every process.
+    # It cannot run inside a transaction: use the raw driver connection (autocommit here).
+    raw = engine.raw_connection()
+    try:
+        mode = raw.driver_connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    except Exception as e:  # noqa: BLE001 - a busy database keeps its mode; still correct
+        logger.warning("could not switch %s to WAL (%s); commits will be slower", engine.url, e)
+    else:
+        if str(mode).lower() != "wal":
+            logger.warning(
+                "SQLite %s stays in journal mode %s; commits will be slower", engine.url, mode
+            )
+    finally:
+        raw.close()
 
 
 class SQLiteRDBStorage(RDBStorage):
@@ -56,10 +93,11 @@ class SQLiteRDBStorage(RDBStorage):
     (``multiprocessing``), because unpickling rebuilds the engine and re-applies the setting.
     """
 
-    def __init__(self, url: str, **kwargs: Any) -> None:
+    def __init__(self, url: str, *, wal: bool = True, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
-        make_sqlite_safe(self.engine)
+        self._wal = wal
+        make_sqlite_safe(self.engine, wal=wal)
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
-        make_sqlite_safe(self.engine)
+        make_sqlite_safe(self.engine, wal=self._wal)

@@ -1,0 +1,92 @@
+"""``python -m tss_opt.cli.report [mapping_path=...] [report_domains=[qa,rag]] [heldout_prompts=8]
+[max_new_tokens=32] [storage=URL] [report_dir=storage/report]``
+
+The held-out evaluation of a mapping: for each mapped domain (or ``report_domains``), the
+held-out prompts run with the dense target and with the domain's skip set, interleaved per
+prompt, with the same drafter. Writes ``heldout.md`` (the paper's Table 1 layout),
+``heldout.json`` and, per domain, ``profile_<domain>.png`` and ``pareto_<domain>.png`` from the
+domain's search study into ``report_dir``. See docs/report.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig, OmegaConf
+
+from tss_opt.cli.common import UsageError, hydra_entry, load_runtime
+from tss_opt.config import config_dir
+from tss_opt.evaluation.domains import Domain, load_domain, read_domain_config
+from tss_opt.mapping import DomainMapping, load_mapping
+
+if TYPE_CHECKING:
+    from tss_opt.report.heldout import HeldoutReport
+
+log = logging.getLogger("tss_opt.report")
+
+
+def report_domains(cfg: DictConfig, mapping: DomainMapping) -> list[Domain]:
+    """The domains to report on, loaded: ``report_domains`` or every mapped domain.
+
+    A ``+domain=NAME`` config of the same name wins over the shipped one (custom data).
+    """
+    names = list(cfg.get("report_domains") or []) or mapping.domains
+    if not names:
+        raise UsageError(f"the mapping {mapping.path} has no domains; run a search first (python -m tss_opt +domain=NAME)")
+    unknown = [n for n in names if mapping.entry_for(n) is None]
+    if unknown:
+        raise UsageError(
+            f"report_domains has {', '.join(map(repr, unknown))} but the mapping {mapping.path} only maps "
+            f"{', '.join(mapping.domains) or 'nothing'}; drop them or run their search"
+        )
+    chosen = cfg.get("domain")
+    out = []
+    for name in names:
+        if chosen is not None and chosen.get("name") == name:
+            out.append(load_domain(OmegaConf.to_container(chosen, resolve=True)))  # type: ignore[arg-type]
+        else:
+            out.append(load_domain(read_domain_config(name, [config_dir()])))
+    return out
+
+
+def report(cfg: DictConfig) -> HeldoutReport:
+    from tss_opt.report.heldout import add_study_plots, run_heldout, write_report
+    from tss_opt.report.tables import markdown_table
+
+    mapping = load_mapping(cfg.mapping_path)
+    domains = report_domains(cfg, mapping)
+    rt = load_runtime(cfg)
+    mapping.check_model(rt.loaded.model_id, rt.target.num_layers)
+    drafter = rt.drafter_cfg.get("name")
+    searched = sorted({e.drafter for e in mapping.entries.values() if e.drafter})
+    if drafter and searched and searched != [drafter]:
+        log.warning("reporting with drafter %r; the mapping was searched with %s (select it with drafter=NAME)", drafter, ", ".join(searched))
+    log.info(
+        "held-out report: %s, drafter %s, domains %s -> %s",
+        rt.loaded.model_id, drafter, ", ".join(d.name for d in domains), cfg.report_dir,
+    )
+    result = run_heldout(
+        rt.target, rt.loaded.tokenizer, rt.new_drafter, mapping, domains,
+        model_id=rt.loaded.model_id, drafter=drafter, prompts=cfg.get("heldout_prompts"),
+        max_new_tokens=cfg.get("max_new_tokens"), scope=str(cfg.scope), temperature=float(cfg.temperature),
+        eos_token_ids=rt.eos_token_ids,
+    )
+    for comp in result.domains:
+        log.info("plots for %s", comp.domain)
+        add_study_plots(comp, cfg.report_dir, cfg.get("storage"))
+    paths = write_report(result, cfg.report_dir)
+    print(markdown_table(result))
+    print()
+    for comp in result.domains:
+        for path in comp.plots.values():
+            print(f"wrote {path}")
+    for path in paths.values():
+        print(f"wrote {path}")
+    return result
+
+
+main = hydra_entry(report)
+
+if __name__ == "__main__":
+    main()

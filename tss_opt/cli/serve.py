@@ -1,0 +1,55 @@
+"""``python -m tss_opt.cli.serve prompt="..." [request_domain=qa] [mapping_path=...]``
+
+Serves one request the way the runtime does: the domain's skip set from the mapping file
+(``request_domain``, or detected by the domain router when it is not given; unknown domains
+run dense), on one loaded model. Prints the chosen domain, the skip set, the output and the
+request's statistics. See docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from tss_opt.cli.common import UsageError, hydra_entry
+from tss_opt.cli.generate import format_stats
+from tss_opt.evaluation.decoding.engine import GenerationResult
+from tss_opt.report.tables import format_skip_set
+from tss_opt.runtime.controller import ControllerResult, TSSController
+
+
+def describe(res: ControllerResult, controller: TSSController) -> str:
+    """The routing lines printed above the output."""
+    if res.routed:
+        how = f"routed (similarity {res.similarity:.3f} >= threshold {controller.router.threshold:.3f})"  # type: ignore[union-attr]
+    elif res.similarity is not None:
+        how = f"no domain close enough (best similarity {res.similarity:.3f} < threshold {controller.router.threshold:.3f}): dense"  # type: ignore[union-attr]
+    elif res.domain is None:
+        how = "no domain given and no router: dense"
+    else:
+        how = "from request_domain"
+    mapped = res.domain in controller.domains if res.domain else False
+    k = len(res.skip_set)
+    lines = [
+        f"domain: {res.domain or '(none)'} [{how}]" + ("" if mapped or res.domain is None else " — not in the mapping: dense"),
+        f"skip set: {format_skip_set(res.skip_set)} ({k}/{controller.target.num_layers} layers skipped)",
+    ]
+    return "\n".join(lines)
+
+
+def serve(cfg: DictConfig) -> ControllerResult:
+    if not cfg.get("prompt"):
+        raise UsageError('no prompt given; add prompt="your text" (quote it for the shell)')
+    controller = TSSController.from_config(cfg)
+    res = controller.generate(cfg.prompt, cfg.get("request_domain"))
+    print(describe(res, controller))
+    print()
+    print(res.text)
+    print()
+    print(format_stats(GenerationResult(tokens=res.tokens, stats=res.stats)))
+    return res
+
+
+main = hydra_entry(serve)
+
+if __name__ == "__main__":
+    main()
