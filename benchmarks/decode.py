@@ -49,14 +49,18 @@ class Method:
 def hf_method(model, eos: list[int], **gen_kwargs) -> Callable:
     def run(ids: torch.Tensor, n: int):
         t0 = time.perf_counter()
-        out = model.generate(ids[None], max_new_tokens=n, do_sample=False, eos_token_id=eos, **gen_kwargs)
+        out = model.generate(
+            ids[None], max_new_tokens=n, do_sample=False, eos_token_id=eos, **gen_kwargs
+        )
         dt = time.perf_counter() - t0
         return out[0, len(ids) :].tolist(), dt, float("nan")
 
     return run
 
 
-def engine_method(target: TargetModel, drafter_factory: Callable, eos: list[int], skip=()) -> Callable:
+def engine_method(
+    target: TargetModel, drafter_factory: Callable, eos: list[int], skip=()
+) -> Callable:
     def run(ids: torch.Tensor, n: int):
         eng = SpeculativeEngine(target, drafter_factory(), eos_token_ids=eos)
         t0 = time.perf_counter()
@@ -76,13 +80,16 @@ def tree_drafter_factories(target: TargetModel, loaded) -> dict[str, Callable]:
         return out
     specs = {
         "token_recycle_15": {"name": "token_recycle", "template": "builtin:token_recycle_15.json"},
-        "token_recycle_large": {"name": "token_recycle", "template": "builtin:token_recycle_large.json"},
+        "token_recycle_large": {
+            "name": "token_recycle",
+            "template": "builtin:token_recycle_large.json",
+        },
         "samd": {"name": "samd"},
         "eagle_random": {"name": "eagle", "random_init": True},
     }
-    from tss_opt.cli.common import drafter_config  # noqa: F401  (documents where defaults live)
     from omegaconf import OmegaConf
 
+    from tss_opt.cli.common import drafter_config  # noqa: F401  (documents where defaults live)
     from tss_opt.config import config_dir
 
     for key, spec in specs.items():
@@ -90,11 +97,13 @@ def tree_drafter_factories(target: TargetModel, loaded) -> dict[str, Callable]:
         if not base_file.is_file():
             continue
         cfg = OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(base_file), spec), resolve=True)
-        out[key] = (lambda c=cfg: build_drafter(c, target, loaded))
+        out[key] = lambda c=cfg: build_drafter(c, target, loaded)
     return out
 
 
-def overhead(model, target: TargetModel, ids: torch.Tensor, steps: int, rounds: int) -> tuple[float, float]:
+def overhead(
+    model, target: TargetModel, ids: torch.Tensor, steps: int, rounds: int
+) -> tuple[float, float]:
     """Median seconds per decode step, untouched model vs inside an empty skip context."""
     from tss_opt.evaluation.decoding.cache import SkipAwareCache
 
@@ -106,7 +115,9 @@ def overhead(model, target: TargetModel, ids: torch.Tensor, steps: int, rounds: 
         t0 = time.perf_counter()
         for i in range(steps):
             pos = torch.tensor([[len(ids) + i]])
-            logits = model(input_ids=torch.tensor([[tok]]), position_ids=pos, cache=cache, use_cache=True).logits[0, -1]
+            logits = model(
+                input_ids=torch.tensor([[tok]]), position_ids=pos, cache=cache, use_cache=True
+            ).logits[0, -1]
             tok = int(logits.argmax())
         return (time.perf_counter() - t0) / steps
 
@@ -130,8 +141,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     wanted = args.methods.split(",")
-    print(f"machine: {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-          f"{args.prompts} prompts x {args.max_new_tokens} new tokens per domain", flush=True)
+    print(
+        f"machine: {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+        f"{args.prompts} prompts x {args.max_new_tokens} new tokens per domain",
+        flush=True,
+    )
 
     for dtype in args.dtypes.split(","):
         loaded = load_model(ModelConfig(dtype=dtype, cache_dir=str(REPO / "storage" / "models")))
@@ -140,13 +154,17 @@ def main() -> None:
         eos = [tok.eos_token_id]
         from tss_opt.evaluation.drafters import PromptLookupDrafter
 
-        def sparse_greedy(ids, n, _skip=SKIP3):
-            return engine_method(target, lambda: None, eos, skip=_skip)(ids, n)
+        sparse_greedy = engine_method(target, lambda: None, eos, skip=SKIP3)
 
         catalogue: dict[str, Method] = {
             "greedy": Method("HF greedy generate", hf_method(model, eos)),
-            "hf_pld": Method("HF prompt lookup (10)", hf_method(model, eos, prompt_lookup_num_tokens=10)),
-            "pld": Method("ours: prompt lookup (10)", engine_method(target, lambda: PromptLookupDrafter(10, 3), eos)),
+            "hf_pld": Method(
+                "HF prompt lookup (10)", hf_method(model, eos, prompt_lookup_num_tokens=10)
+            ),
+            "pld": Method(
+                "ours: prompt lookup (10)",
+                engine_method(target, lambda: PromptLookupDrafter(10, 3), eos),
+            ),
             "pld_skip3": Method(
                 f"ours: prompt lookup, skip {list(SKIP3)}",
                 engine_method(target, lambda: PromptLookupDrafter(10, 3), eos, skip=SKIP3),
@@ -162,8 +180,9 @@ def main() -> None:
         need_sparse_ref = any(m.reference == "sparse_greedy" for m in methods)
 
         for dom_name in args.domains.split(","):
-            from tss_opt.config import config_dir
             from omegaconf import OmegaConf
+
+            from tss_opt.config import config_dir
 
             domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{dom_name}.yaml"))
             examples = domain.split("calibration")[: args.prompts]
@@ -184,14 +203,28 @@ def main() -> None:
                     outs[m.name] = toks
                     m.tps.append(len(toks) / dt)
                     m.al.append(al)
-                refs["greedy"] = outs.get(catalogue["greedy"].name) or hf_method(model, eos)(ids, args.max_new_tokens)[0]
+                refs["greedy"] = (
+                    outs.get(catalogue["greedy"].name)
+                    or hf_method(model, eos)(ids, args.max_new_tokens)[0]
+                )
                 for m in methods:
                     m.same.append(outs[m.name] == refs[m.reference])
-                print(f"  [{dtype} {dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done", flush=True)
+                print(
+                    f"  [{dtype} {dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done",
+                    flush=True,
+                )
 
-            base = statistics.mean(catalogue["greedy"].tps) if catalogue["greedy"].tps else float("nan")
-            print(f"\n### {dom_name}, {dtype}, {len(examples)} prompts, {args.max_new_tokens} new tokens")
-            print("| method | tok/s median | tok/s mean | ratio to HF greedy | accepted length | identical outputs |")
+            base = (
+                statistics.mean(catalogue["greedy"].tps)
+                if catalogue["greedy"].tps
+                else float("nan")
+            )
+            print(
+                f"\n### {dom_name}, {dtype}, {len(examples)} prompts, {args.max_new_tokens} new tokens"
+            )
+            print(
+                "| method | tok/s median | tok/s mean | ratio to HF greedy | accepted length | identical outputs |"
+            )
             print("|---|---|---|---|---|---|")
             for m in methods:
                 al = [a for a in m.al if a == a]
@@ -204,8 +237,11 @@ def main() -> None:
 
         ids = format_prompt(tok, examples[0], None)[:300]
         plain, ctl = overhead(model, target, ids, steps=24, rounds=args.overhead_rounds)
-        print(f"### skip-controller overhead ({dtype}): untouched {plain * 1e3:.2f} ms/step, "
-              f"through the skip mechanism (empty set) {ctl * 1e3:.2f} ms/step, ratio {ctl / plain:.4f}\n", flush=True)
+        print(
+            f"### skip-controller overhead ({dtype}): untouched {plain * 1e3:.2f} ms/step, "
+            f"through the skip mechanism (empty set) {ctl * 1e3:.2f} ms/step, ratio {ctl / plain:.4f}\n",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

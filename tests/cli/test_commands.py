@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir, register_configs
 from tss_opt.models import ModelConfig, as_model_config

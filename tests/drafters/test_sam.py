@@ -79,7 +79,9 @@ class FixedTree(Drafter):
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self.resets += 1
 
-    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prefill_feedback(
+        self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor
+    ) -> None:
         self.prefills += 1
 
     def propose(self, context: torch.Tensor) -> DraftTree:
@@ -109,7 +111,12 @@ def test_samd_chooses_chain_or_fallback_tree() -> None:
     d.prefill_feedback(prompt, torch.zeros(1, 5), torch.zeros(3, 2))
     d.update(
         VerifyFeedback(
-            tree=fb.tree, accepted=(), committed=torch.tensor([5]), logits=torch.zeros(4, 5), hidden=torch.zeros(4, 2), root_token=4
+            tree=fb.tree,
+            accepted=(),
+            committed=torch.tensor([5]),
+            logits=torch.zeros(4, 5),
+            hidden=torch.zeros(4, 2),
+            root_token=4,
         )
     )
     assert (fb.prefills, fb.updates) == (1, 1)

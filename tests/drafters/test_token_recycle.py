@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters import TemplateError, TokenRecycleDrafter, TreeTemplate, VerifyFeedback, load_template
+from tss_opt.evaluation.drafters import (
+    TemplateError,
+    TokenRecycleDrafter,
+    TreeTemplate,
+    VerifyFeedback,
+    load_template,
+)
 from tss_opt.evaluation.drafters.templates import best_first_template, builtin_templates
 from tss_opt.evaluation.drafters.token_recycle import AdjacencyTable
 
@@ -54,9 +60,16 @@ def test_table_rejects_other_vocabulary() -> None:
 def test_update_uses_root_and_every_node_row() -> None:
     d = TokenRecycleDrafter({"parents": [-1, 0]}, top_k=2)
     tree = DraftTree(tokens=torch.tensor([6, 2, 9]), parents=(-1, -1, 0))
-    logits = torch.stack([logits_ranking(6, 2), logits_ranking(9, 1), logits_ranking(3, 4), logits_ranking(0, 8)])
+    logits = torch.stack(
+        [logits_ranking(6, 2), logits_ranking(9, 1), logits_ranking(3, 4), logits_ranking(0, 8)]
+    )
     fb = VerifyFeedback(
-        tree=tree, accepted=(0, 2), committed=torch.tensor([6, 9, 0]), logits=logits, hidden=torch.zeros(4, 3), root_token=5
+        tree=tree,
+        accepted=(0, 2),
+        committed=torch.tensor([6, 9, 0]),
+        logits=logits,
+        hidden=torch.zeros(4, 3),
+        root_token=5,
     )
     d.update(fb)
     assert d.table is not None
@@ -150,7 +163,16 @@ def test_builtin_15_node_template_matches_the_issue() -> None:
     kids: dict[int, list[int]] = {}
     for i, p in enumerate(t.parents):
         kids.setdefault(p, []).append(i)
-    assert kids == {-1: [0], 0: [1, 2, 3, 4], 1: [5, 6], 2: [7, 8], 3: [9, 10], 4: [11, 12], 5: [13], 7: [14]}
+    assert kids == {
+        -1: [0],
+        0: [1, 2, 3, 4],
+        1: [5, 6],
+        2: [7, 8],
+        3: [9, 10],
+        4: [11, 12],
+        5: [13],
+        7: [14],
+    }
     assert t.ranks == (0, 0, 1, 2, 3, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0)
 
 
@@ -167,9 +189,15 @@ def test_builtin_large_template_shape() -> None:
 
     roots = sorted((t.ranks[i], descendants(i)) for i, p in enumerate(t.parents) if p == -1)
     counts = [c for _, c in roots]
-    assert counts == sorted(counts, reverse=True) and counts[0] > counts[1] > 0  # top ranks get more
+    assert (
+        counts == sorted(counts, reverse=True) and counts[0] > counts[1] > 0
+    )  # top ranks get more
     # The shipped JSON is exactly what the documented builder produces.
-    data = json.loads((Path(__file__).resolve().parents[2] / "tss_opt/data/trees/token_recycle_large.json").read_text())
+    data = json.loads(
+        (
+            Path(__file__).resolve().parents[2] / "tss_opt/data/trees/token_recycle_large.json"
+        ).read_text()
+    )
     rebuilt = best_first_template([0.5, 0.2, 0.1, 0.06, 0.04, 0.03, 0.02, 0.02], 72, 6)
     assert list(rebuilt.parents) == data["parents"] and list(rebuilt.ranks) == data["ranks"]
 
@@ -191,7 +219,10 @@ def test_ranks_default_to_sibling_order() -> None:
         ({"parents": [-1, 2, 1]}, "node 1 is on a cycle"),
         ({"parents": [-1, 1]}, "node 1 is its own parent"),
         ({"parents": [-1, 2, 0]}, "node 1 has parent 2, listed after it \\(parent after child\\)"),
-        ({"parents": [-1, 0, 0], "ranks": [0, 1, 1]}, "node 2 takes rank 1 of parent 0, already taken by node 1"),
+        (
+            {"parents": [-1, 0, 0], "ranks": [0, 1, 1]},
+            "node 2 takes rank 1 of parent 0, already taken by node 1",
+        ),
         ({"parents": [-1, 0], "ranks": [0]}, "2 parents but 1 ranks"),
         ({"parents": [-1, 0], "ranks": [0, -1]}, "node 1 has rank -1"),
         ({"parents": [-1, "0"]}, "node 1 has parent '0'"),
@@ -206,14 +237,20 @@ def test_template_validation_names_the_node(data: dict, match: str) -> None:
 def test_template_node_budget_and_top_k() -> None:
     with pytest.raises(TemplateError, match="15 nodes exceed the budget of 10"):
         load_template("builtin:token_recycle_15.json", max_nodes=10)
-    with pytest.raises(TemplateError, match="node 3 takes rank 2 but the table keeps only top_k=2 candidates; raise top_k to at least 4"):
+    with pytest.raises(
+        TemplateError,
+        match="node 3 takes rank 2 but the table keeps only top_k=2 candidates; raise top_k to at least 4",
+    ):
         TokenRecycleDrafter("builtin:token_recycle_15.json", top_k=2)
     with pytest.raises(TemplateError, match="15 nodes exceed the budget of 14"):
         TokenRecycleDrafter("builtin:token_recycle_15.json", max_nodes=14)
 
 
 def test_template_sources(tmp_path: Path) -> None:
-    with pytest.raises(TemplateError, match="no builtin tree template 'nope.json'; available: token_recycle_15.json"):
+    with pytest.raises(
+        TemplateError,
+        match="no builtin tree template 'nope.json'; available: token_recycle_15.json",
+    ):
         load_template("builtin:nope.json")
     with pytest.raises(TemplateError, match="not found"):
         load_template(tmp_path / "missing.json")

@@ -63,25 +63,39 @@ def tiny_target(tiny: LoadedModel) -> TargetModel:
 def tiny_prompts(tiny: LoadedModel) -> list[torch.Tensor]:
     tok = tiny.tokenizer
     chat = tok.apply_chat_template(
-        [{"role": "user", "content": "Summarize: the cat sat on the mat, and the dog sat on the log."}],
+        [
+            {
+                "role": "user",
+                "content": "Summarize: the cat sat on the mat, and the dog sat on the log.",
+            }
+        ],
         add_generation_prompt=True,
         tokenize=False,
     )
     texts = ["the cat sat on the mat. the cat sat on the hat. the dog", chat]
-    return [torch.tensor(tok(t, add_special_tokens=False).input_ids, dtype=torch.long) for t in texts]
+    return [
+        torch.tensor(tok(t, add_special_tokens=False).input_ids, dtype=torch.long) for t in texts
+    ]
 
 
 # ----------------------------------------------------------------------------- references
 def greedy_generate(model: torch.nn.Module, ids: torch.Tensor, n: int, eos: int) -> list[int]:
     """Dense reference: transformers' own greedy ``generate``."""
     out = model.generate(
-        ids[None], max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos, attention_mask=torch.ones_like(ids[None])
+        ids[None],
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        attention_mask=torch.ones_like(ids[None]),
     )
     return out[0, ids.numel() :].tolist()
 
 
 @torch.inference_mode()
-def greedy_no_cache(target: TargetModel, ids: torch.Tensor, n: int, skip: frozenset[int], eos: int) -> list[int]:
+def greedy_no_cache(
+    target: TargetModel, ids: torch.Tensor, n: int, skip: frozenset[int], eos: int
+) -> list[int]:
     """Sparse reference for scope "all": recompute the whole sequence every step under ``skip``."""
     seq = ids.clone()
     out: list[int] = []
@@ -96,13 +110,19 @@ def greedy_no_cache(target: TargetModel, ids: torch.Tensor, n: int, skip: frozen
     return out
 
 
-def reference(target: TargetModel, ids: torch.Tensor, n: int, skip: frozenset[int], scope: str, eos: int) -> list[int]:
+def reference(
+    target: TargetModel, ids: torch.Tensor, n: int, skip: frozenset[int], scope: str, eos: int
+) -> list[int]:
     if not skip:
         return greedy_generate(target.model, ids, n, eos)
     if scope == "all":
         return greedy_no_cache(target, ids, n, skip, eos)
     # scope "verify": dense prefill, sparse steps; drafting-free decoding is the reference.
-    return SpeculativeEngine(target, None, eos_token_ids=[eos]).generate(ids, max_new_tokens=n, skip=skip, scope="verify").tokens.tolist()
+    return (
+        SpeculativeEngine(target, None, eos_token_ids=[eos])
+        .generate(ids, max_new_tokens=n, skip=skip, scope="verify")
+        .tokens.tolist()
+    )
 
 
 class Recorder(Drafter):
@@ -117,7 +137,9 @@ class Recorder(Drafter):
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self.inner.reset(prompt_ids)
 
-    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prefill_feedback(
+        self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor
+    ) -> None:
         self.inner.prefill_feedback(prompt_ids, logits, hidden)
 
     def propose(self, context: torch.Tensor) -> DraftTree:
@@ -166,7 +188,12 @@ SPARSE_IDS = [f"{'-'.join(map(str, sorted(s))) or 'dense'}-{scope}" for s, scope
 @pytest.mark.parametrize("skip,scope", SPARSE_CASES, ids=SPARSE_IDS)
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_tree_drafter_is_lossless(
-    name: str, skip: frozenset[int], scope: str, tiny: LoadedModel, tiny_target: TargetModel, tiny_prompts: list[torch.Tensor]
+    name: str,
+    skip: frozenset[int],
+    scope: str,
+    tiny: LoadedModel,
+    tiny_target: TargetModel,
+    tiny_prompts: list[torch.Tensor],
 ) -> None:
     rec = Recorder(DRAFTERS[name](tiny.model))
     engine = SpeculativeEngine(tiny_target, rec, eos_token_ids=[TINY_EOS])
@@ -180,30 +207,40 @@ def test_tree_drafter_is_lossless(
     assert max(rec.sizes) > 4
 
 
-def test_references_agree(tiny: LoadedModel, tiny_target: TargetModel, tiny_prompts: list[torch.Tensor]) -> None:
+def test_references_agree(
+    tiny: LoadedModel, tiny_target: TargetModel, tiny_prompts: list[torch.Tensor]
+) -> None:
     """The three references coincide where they should (dense), so each one is sound."""
     ids = tiny_prompts[0]
     dense = greedy_generate(tiny.model, ids, MAX_NEW, TINY_EOS)
     assert greedy_no_cache(tiny_target, ids, MAX_NEW, frozenset(), TINY_EOS) == dense
-    plain = SpeculativeEngine(tiny_target, None, eos_token_ids=[TINY_EOS]).generate(ids, max_new_tokens=MAX_NEW)
+    plain = SpeculativeEngine(tiny_target, None, eos_token_ids=[TINY_EOS]).generate(
+        ids, max_new_tokens=MAX_NEW
+    )
     assert plain.tokens.tolist() == dense
     # Drafting-free decoding with scope "all" equals the cache-free sparse loop.
     skip = frozenset({1, 2})
-    sparse = SpeculativeEngine(tiny_target, None, eos_token_ids=[TINY_EOS]).generate(ids, max_new_tokens=MAX_NEW, skip=skip, scope="all")
+    sparse = SpeculativeEngine(tiny_target, None, eos_token_ids=[TINY_EOS]).generate(
+        ids, max_new_tokens=MAX_NEW, skip=skip, scope="all"
+    )
     assert sparse.tokens.tolist() == greedy_no_cache(tiny_target, ids, MAX_NEW, skip, TINY_EOS)
     assert sparse.tokens.tolist() != dense  # the skip set really changes the output
 
 
 # ----------------------------------------------------------------------------- tree mask
 @pytest.mark.parametrize("skip", [frozenset(), frozenset({1})])
-def test_tree_mask_is_applied(skip: frozenset[int], tiny_target: TargetModel, tiny_prompts: list[torch.Tensor]) -> None:
+def test_tree_mask_is_applied(
+    skip: frozenset[int], tiny_target: TargetModel, tiny_prompts: list[torch.Tensor]
+) -> None:
     """Per-node logits of one tree forward equal verifying each root-to-node path as a chain,
     and differ from verifying the same tokens with a plain causal mask."""
     target = tiny_target
     ids = tiny_prompts[0]
     prefix, root = ids[:-1], int(ids[-1])
     # Two branches below the root, two below node 0, one below node 1 and node 2.
-    tree = DraftTree(tokens=torch.tensor([101, 32, 116, 104, 97, 120]), parents=(-1, -1, 0, 0, 1, 2))
+    tree = DraftTree(
+        tokens=torch.tensor([101, 32, 116, 104, 97, 120]), parents=(-1, -1, 0, 0, 1, 2)
+    )
     with target.skip(skip):
         cache = target.new_cache()
         target.prefill(prefix, cache)
@@ -221,7 +258,9 @@ def test_tree_mask_is_applied(skip: frozenset[int], tiny_target: TargetModel, ti
                 path.append(tree.parents[path[-1]])
             chain = DraftTree.chain(tree.tokens[list(reversed(path))])
             chain_logits = verify(chain)
-            torch.testing.assert_close(tree_logits[node + 1], chain_logits[-1], rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(
+                tree_logits[node + 1], chain_logits[-1], rtol=1e-9, atol=1e-9
+            )
             torch.testing.assert_close(tree_logits[0], chain_logits[0], rtol=1e-9, atol=1e-9)
         causal_logits = verify(DraftTree.chain(tree.tokens))  # same slots, plain causal mask
     # Node 2 is a child of node 0; as a chain it would also see node 1 and sit one position later.
@@ -239,10 +278,16 @@ def _drafter_cfg(name: str, **overrides: object) -> dict:
 
 def test_every_conf_file_is_registered() -> None:
     files = sorted(p.stem for p in (REPO / "conf" / "drafter").glob("*.yaml"))
-    assert files == available_drafters() == ["draft_model", "eagle", "pld", "samd", "self", "token_recycle"]
+    assert (
+        files
+        == available_drafters()
+        == ["draft_model", "eagle", "pld", "samd", "self", "token_recycle"]
+    )
     for name in files:
         cfg = OmegaConf.load(REPO / "conf" / "drafter" / f"{name}.yaml")
-        assert cfg.name == name and str(cfg._target_).startswith("tss_opt.evaluation.drafters.registry.")
+        assert cfg.name == name and str(cfg._target_).startswith(
+            "tss_opt.evaluation.drafters.registry."
+        )
 
 
 @pytest.mark.parametrize(
@@ -257,18 +302,29 @@ def test_every_conf_file_is_registered() -> None:
     ],
 )
 def test_build_every_drafter_from_conf(
-    name: str, overrides: dict, tiny: LoadedModel, tiny_target: TargetModel, tiny_prompts: list[torch.Tensor]
+    name: str,
+    overrides: dict,
+    tiny: LoadedModel,
+    tiny_target: TargetModel,
+    tiny_prompts: list[torch.Tensor],
 ) -> None:
     drafter = build_drafter(_drafter_cfg(name, **overrides), tiny_target, tiny)
     ids = tiny_prompts[0]
-    got = SpeculativeEngine(tiny_target, drafter, eos_token_ids=[TINY_EOS]).generate(ids, max_new_tokens=16)
+    got = SpeculativeEngine(tiny_target, drafter, eos_token_ids=[TINY_EOS]).generate(
+        ids, max_new_tokens=16
+    )
     assert got.tokens.tolist() == greedy_generate(tiny.model, ids, 16, TINY_EOS)
 
 
 def test_registry_errors(tiny: LoadedModel, tiny_target: TargetModel) -> None:
-    with pytest.raises(DrafterConfigError, match=r"unknown drafter 'medusa'.*draft_model, eagle, pld, samd, self, token_recycle"):
+    with pytest.raises(
+        DrafterConfigError,
+        match=r"unknown drafter 'medusa'.*draft_model, eagle, pld, samd, self, token_recycle",
+    ):
         build_drafter({"name": "medusa"}, tiny_target, tiny)
-    with pytest.raises(DrafterConfigError, match=r"does not take setting\(s\) num_token.*num_tokens"):
+    with pytest.raises(
+        DrafterConfigError, match=r"does not take setting\(s\) num_token.*num_tokens"
+    ):
         build_drafter({"name": "pld", "num_token": 3}, tiny_target, tiny)
     with pytest.raises(DrafterConfigError, match=r"'eagle' needs drafter.path"):
         build_drafter(_drafter_cfg("eagle"), tiny_target, tiny)  # path: ??? and random_init false
@@ -284,9 +340,15 @@ def smol_prompt(embedded: LoadedModel) -> torch.Tensor:
     smol = embedded
     import json
 
-    lines = (REPO / "tss_opt" / "data" / "summarization.jsonl").read_text(encoding="utf-8").splitlines()
-    prompt = min((json.loads(line)["prompt"] for line in lines), key=len)  # the shortest: a fast test
-    text = smol.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    lines = (
+        (REPO / "tss_opt" / "data" / "summarization.jsonl").read_text(encoding="utf-8").splitlines()
+    )
+    prompt = min(
+        (json.loads(line)["prompt"] for line in lines), key=len
+    )  # the shortest: a fast test
+    text = smol.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
     return torch.tensor(smol.tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.long)
 
 
@@ -305,7 +367,9 @@ def test_embedded_model_lossless(
     smol = embedded
     target = TargetModel(smol.model)
     eos = int(smol.tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    n = 24
+    n = (
+        12 if name == "eagle" else 24
+    )  # a random head accepts ~nothing: every step verifies 59 nodes
     want = reference(target, smol_prompt, n, skip, scope, eos)
     rec = Recorder(DRAFTERS[name](smol.model))
     engine = SpeculativeEngine(target, rec, eos_token_ids=[eos])

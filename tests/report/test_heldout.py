@@ -7,7 +7,6 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
-import torch
 
 from tss_opt.evaluation.decoding import engine as engine_mod
 from tss_opt.evaluation.decoding.target import TargetModel
@@ -18,7 +17,6 @@ from tss_opt.report import (
     ReportError,
     add_study_plots,
     compare_domain,
-    markdown_table,
     run_heldout,
     write_report,
 )
@@ -113,6 +111,7 @@ def test_report_writes_table_json_and_plots(report, studied):
         [" translation ", " TSS ", " {2, 3} "],
     ]
     assert "| Domain | Method | Skip set | Sparsity | Accepted length | Metric | tok/s | Speedup |" in md
+    assert "Mean over 2 domain(s): speedup" in md
     assert "2/4 (50.0%)" in md and "(token_f1)" in md and "(bleu)" in md and "1.00×" in md
     data = json.loads(paths["json"].read_text(encoding="utf-8"))
     assert [(r["domain"], r["method"], r["skip_set"]) for r in data["rows"]] == [
@@ -129,7 +128,7 @@ def test_report_writes_table_json_and_plots(report, studied):
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             h, w, _ = matplotlib.image.imread(png).shape
             assert h > 300 and w > 500
-            assert f"[{kind}]({png})" in md
+            assert f"[{kind}]({png.name})" in md  # relative links
 
 
 def test_aggregates_follow_the_conventions(report):
@@ -141,10 +140,9 @@ def test_aggregates_follow_the_conventions(report):
             assert res.accept_length == pytest.approx(
                 sum(p.accept_length * p.steps for p in res.prompts) / sum(p.steps for p in res.prompts)
             )
-            assert all(p.new_tokens == N_NEW for p in res.prompts) or any(p.new_tokens < N_NEW for p in res.prompts)
+            assert all(1 <= p.new_tokens <= N_NEW for p in res.prompts)
         assert comp.speedup == pytest.approx(comp.tss.tokens_per_s / comp.native.tokens_per_s)  # ratio of means
         assert comp.native.skip == frozenset() and comp.tss.skip == frozenset({2, 3})
-    assert "Mean over 2 domain(s)" in "\n".join([markdown_table(rep)]) or True
 
 
 def test_runs_interleave_dense_and_tss_per_prompt(tiny, target, tmp_path, monkeypatch):
@@ -214,9 +212,3 @@ def test_missing_study_leaves_a_reason_not_a_crash(report, tmp_path):
         assert comp.plots == {} and "no-such-study" in (comp.plot_error or "")
     finally:
         comp.entry = saved
-
-
-def test_tensor_free_json(report):
-    _, paths, _ = report
-    json.loads(paths["json"].read_text())  # no tensors or sets leaked into the JSON
-    assert isinstance(torch.tensor(0), torch.Tensor)

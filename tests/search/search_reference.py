@@ -82,6 +82,7 @@ def reference_search(
         elif mode == "exhaustive":
             candidates = [frozenset(c) for c in itertools.combinations(ref.pool, k)]
         else:
+
             def rank(s: frozenset[int]) -> tuple:
                 r = ref.evaluated[s]
                 return (-r["accept_length"], -len(s), -r["tokens_per_s"], tuple(sorted(s)))
@@ -126,13 +127,16 @@ def reference_search(
         dominated = False
         for t in ref.feasible:
             vs, vt = vec(s), vec(t)
-            if all(x >= y for x, y in zip(vt, vs, strict=True)) and any(x > y for x, y in zip(vt, vs, strict=True)):
+            if all(x >= y for x, y in zip(vt, vs, strict=True)) and any(
+                x > y for x, y in zip(vt, vs, strict=True)
+            ):
                 dominated = True
                 break
         if not dominated:
             ref.pareto.add(s)
 
     if selection == "min_cost":
+
         def cost_key(s: frozenset[int]) -> tuple:
             r = ref.evaluated[s]
             return (r["cost"], -r["accept_length"], -sign * r["metric"], -len(s), tuple(sorted(s)))

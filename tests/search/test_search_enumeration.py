@@ -34,7 +34,12 @@ CASES = {
         tau_metric=0.02,
     ),
     "absolute-beam": dict(
-        mode="beam", relative=False, eps_accept=0.2, eps_metric=0.04, tau_accept=0.05, tau_metric=0.0
+        mode="beam",
+        relative=False,
+        eps_accept=0.2,
+        eps_metric=0.04,
+        tau_accept=0.05,
+        tau_metric=0.0,
     ),
     "loose-eps-tight-tau": dict(mode="exhaustive", eps_accept=0.12, tau_accept=0.0, tau_metric=0.0),
     "max-depth-2": dict(mode="exhaustive", max_depth=2),
@@ -50,7 +55,10 @@ def _margin_ok(land: Landscape, settings: dict) -> bool:
     base = land.measure(frozenset())
     rel = settings.get("relative", True)
     bounds = []
-    for key, tol_keys in (("accept_length", ("eps_accept", "tau_accept")), ("metric", ("eps_metric", "tau_metric"))):
+    for key, tol_keys in (
+        ("accept_length", ("eps_accept", "tau_accept")),
+        ("metric", ("eps_metric", "tau_metric")),
+    ):
         for t in tol_keys:
             tol = settings.get(t, 0.05)
             b = base[key]
@@ -143,7 +151,11 @@ def test_cases_exercise_the_interesting_paths() -> None:
     a0 = land.measure(frozenset())["accept_length"]
     gaps = [
         land.measure(frozenset(p))["accept_length"]
-        - (land.measure(frozenset([p[0]]))["accept_length"] + land.measure(frozenset([p[1]]))["accept_length"] - a0)
+        - (
+            land.measure(frozenset([p[0]]))["accept_length"]
+            + land.measure(frozenset([p[1]]))["accept_length"]
+            - a0
+        )
         for p in itertools.combinations(range(L), 2)
     ]
     assert max(abs(g) for g in gaps) > 0.1

@@ -62,7 +62,9 @@ def test_three_workers_share_one_study(storage_url: str, study_name: str, tmp_pa
 
 
 @pytest.mark.slow
-def test_sigkilled_worker_trial_is_retried_once(storage_url: str, study_name: str, tmp_path) -> None:
+def test_sigkilled_worker_trial_is_retried_once(
+    storage_url: str, study_name: str, tmp_path
+) -> None:
     ref = _expected()
     victim = frozenset({2})
     procs = spawn_workers(

@@ -18,7 +18,7 @@ log = logging.getLogger("tss_opt.cli")
 
 def worker_commands(overrides: list[str], devices: list[str]) -> list[list[str]]:
     """``python -m tss_opt <overrides> device=<d>`` for every device (``devices=`` dropped)."""
-    keep = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") in ("devices", "device")]
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("devices", "device")]
     return [[sys.executable, "-m", "tss_opt", *keep, f"device={d}"] for d in devices]
 
 

@@ -140,7 +140,7 @@ class SpecDecodeEvaluator:
         outputs: list[str] = []
         stats = []
         t0 = time.perf_counter()
-        for i, (ex, ids) in enumerate(zip(self.examples, self.prompt_ids)):
+        for i, ids in enumerate(self.prompt_ids):
             res = engine.generate(
                 ids, max_new_tokens=self.max_new_tokens, skip=skip, scope=self.scope, temperature=self.temperature, seed=i
             )

@@ -1,7 +1,13 @@
 """Target models as configuration: loading, the embedded default and the tiny test model."""
 
 from tss_opt.models.config import ModelConfig, TinyConfig
-from tss_opt.models.loading import LoadedModel, ModelLoadError, as_model_config, load_model, model_id_for
+from tss_opt.models.loading import (
+    LoadedModel,
+    ModelLoadError,
+    as_model_config,
+    load_model,
+    model_id_for,
+)
 
 __all__ = [
     "LoadedModel",

@@ -365,7 +365,7 @@ def write_report(report: HeldoutReport, report_dir: str | Path) -> dict[str, Pat
     out.mkdir(parents=True, exist_ok=True)
     md = out / "heldout.md"
     js = out / "heldout.json"
-    md.write_text(markdown_report(report), encoding="utf-8")
+    md.write_text(markdown_report(report, link_base=out), encoding="utf-8")
     js.write_text(json.dumps(report_to_dict(report), indent=2), encoding="utf-8")
     return {"markdown": md, "json": js}
 

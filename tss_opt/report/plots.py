@@ -172,7 +172,7 @@ def plot_pareto(
         )
         ax.scatter([best.accept_length], [best.metric], marker="*", s=260, color="gold", edgecolors="black", zorder=6, label="S*")
     if scatter is not None:
-        fig.colorbar(scatter, ax=ax, label="cost (lower is cheaper)")
+        fig.colorbar(scatter, ax=ax, label="cost (lower is cheaper)", pad=0.02, fraction=0.05)
     ax.set_xlabel("accepted length (tokens per verification step)")
     ax.set_ylabel(result.metric_name)
     ax.grid(alpha=0.3)

@@ -4,7 +4,9 @@ JSON document with everything behind it (per-prompt records included)."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -86,8 +88,14 @@ def _calibration_table(report: HeldoutReport) -> str:
     return "\n".join(lines)
 
 
-def markdown_report(report: HeldoutReport) -> str:
-    """The whole Markdown document: header, Table 1, averages, calibration check, plots."""
+def markdown_report(report: HeldoutReport, link_base: str | os.PathLike[str] | None = None) -> str:
+    """The whole Markdown document: header, Table 1, averages, calibration check, plots.
+
+    Args:
+        report: The report.
+        link_base: The folder the document is written to: plot links are made relative to
+            it, so the folder can be moved or published as a whole.
+    """
     n_prompts = sorted({c.num_prompts for c in report.domains})
     n_tokens = sorted({c.max_new_tokens for c in report.domains})
     parts = [
@@ -99,7 +107,7 @@ def markdown_report(report: HeldoutReport) -> str:
         f"{', '.join(map(str, n_tokens))}; mapping: `{report.mapping_path}`",
         "- native and TSS ran in one process, interleaved per prompt, with the same drafter settings; "
         "tok/s is the mean over prompts of tokens / wall time; speedup is the ratio of the means.",
-        f"- created {report.created}, wall time {report.wall_s / 60:.1f} min",
+        f"- created {report.created}, wall time {_duration(report.wall_s)}",
         "",
         markdown_table(report),
     ]
@@ -119,10 +127,21 @@ def markdown_report(report: HeldoutReport) -> str:
         parts += ["", "## Plots", ""]
         for domain, plots, err in figs:
             if plots:
-                parts += [f"- {domain}: " + ", ".join(f"[{k}]({v})" for k, v in sorted(plots.items()))]
+                links = ", ".join(f"[{k}]({_link(v, link_base)})" for k, v in sorted(plots.items()))
+                parts += [f"- {domain}: {links}"]
             else:
                 parts += [f"- {domain}: none ({err or 'no study'})"]
     return "\n".join(parts) + "\n"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _link(path: str, base: str | os.PathLike[str] | None) -> str:
+    if base is None:
+        return path
+    return Path(os.path.relpath(path, base)).as_posix()
 
 
 def _result_dict(res: EvalResult) -> dict[str, Any]:

@@ -22,9 +22,8 @@ from tss_opt.search.algorithm import Config, Thresholds, thresholds_for
 from tss_opt.search.evaluator import Evaluator, EvaluatorInfo, measurement_from
 from tss_opt.search.progress import Progress
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
-from tss_opt.search.study import FAIL_REASON_KEY, config_of
+from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name
 from tss_opt.storage import fail_stale, record_heartbeat
-from tss_opt.storage.queue import waiting_trial_ids
 
 __all__ = ["QueueEmpty", "QueueStudy", "RetryStaleSkipSetCallback", "Worker"]
 
@@ -47,10 +46,15 @@ class QueueStudy(optuna.Study):
     """
 
     def ask(self, fixed_distributions: dict[str, Any] | None = None) -> optuna.Trial:
-        # Same as Study.ask, minus the fallback to a new trial.
+        # Same as Study.ask (and its _pop_waiting_trial_id), minus the fallback to a new
+        # trial. Reading the queue through the study's cached storage also registers the
+        # trials there, which Trial.suggest_* needs.
         self._thread_local.cached_all_trials = None
-        candidates = waiting_trial_ids(self._storage, self._study_id)
+        waiting = self._storage.get_all_trials(
+            self._study_id, deepcopy=False, states=(TrialState.WAITING,)
+        )
         # Workers try the oldest queued trials in different orders, so they rarely collide.
+        candidates = [t._trial_id for t in waiting[:32]]
         random.shuffle(candidates)
         for trial_id in candidates:
             try:
@@ -119,7 +123,9 @@ class Worker:
             # A dead worker's trial is failed here even while nobody starts a new trial;
             # the storage's stale callback then queues its retry.
             fail_stale(self.study)
-            state = self.sampler.fill_queue(self.study)
+            # Never wait for the lock: the worker holding it is queueing a level, and what it
+            # has queued so far can be taken meanwhile.
+            state = self.sampler.fill_queue(self.study, wait=False)
             self.progress.state(state)
             if state.plan.finished:
                 return state
@@ -149,6 +155,10 @@ class Worker:
             raise RuntimeError(
                 f"Trial #{trial.number} carries no skip set; it was not queued by tss_opt"
             )
+        # Store the queued parameters (fixed_params): Optuna's plots and samplers see them.
+        for i in range(self.sampler.num_layers):
+            skipped = trial.suggest_categorical(param_name(i), [False, True])
+            assert skipped == (i in config), f"trial #{trial.number}: skip_{i} disagrees"
         try:
             raw = self.evaluator(frozenset(config))
             self.evaluations += 1

@@ -57,15 +57,19 @@ def sqlite_lock_path(database: str | os.PathLike[str]) -> Path:
 
 @contextlib.contextmanager
 def file_lock(
-    path: str | os.PathLike[str], timeout: float = DEFAULT_LOCK_TIMEOUT
-) -> Iterator[None]:
+    path: str | os.PathLike[str], timeout: float = DEFAULT_LOCK_TIMEOUT, *, blocking: bool = True
+) -> Iterator[bool]:
     """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing).
 
     The lock is released when the block ends or the process dies. It is not re-entrant
     across open files: never nest two ``file_lock`` on the same path in one process.
 
+    Yields:
+        Whether the lock is held: always ``True`` when ``blocking``; with
+        ``blocking=False`` the block runs without the lock (``False``) if another holds it.
+
     Raises:
-        StorageError: The lock was not obtained within ``timeout`` seconds.
+        StorageError: ``blocking`` and the lock was not obtained within ``timeout`` seconds.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,6 +84,9 @@ def file_lock(
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                     raise
+                if not blocking:
+                    yield False
+                    return
                 if time.monotonic() > deadline:
                     raise StorageError(
                         f"Timed out after {timeout:.0f} s waiting for the lock file {path}; "
@@ -89,7 +96,7 @@ def file_lock(
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
@@ -102,17 +109,26 @@ def _key64(key: str) -> int:
 
 
 @contextlib.contextmanager
-def _process_lock(key: str) -> Iterator[None]:
+def _process_lock(key: str, blocking: bool = True) -> Iterator[bool]:
     with _process_locks_guard:
         lock = _process_locks.setdefault(key, threading.RLock())
-    with lock:
-        yield
+    if not lock.acquire(blocking=blocking):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
 def study_lock(
-    storage: BaseStorage, key: str, timeout: float = DEFAULT_LOCK_TIMEOUT
-) -> Iterator[None]:
+    storage: BaseStorage,
+    key: str,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+    *,
+    blocking: bool = True,
+) -> Iterator[bool]:
     """Hold the cross-process lock named ``key`` for the database behind ``storage``.
 
     Re-entrant within one thread (a nested call with the same key just runs its block).
@@ -121,32 +137,48 @@ def study_lock(
         storage: An Optuna storage, possibly wrapped by ``_CachedStorage``.
         key: The lock's name, e.g. ``"tss_opt:study:<study name>"``.
         timeout: Seconds to wait before raising :class:`StorageError`.
+        blocking: ``False``: do not wait; the block then runs without the lock when another
+            process holds it.
+
+    Yields:
+        Whether the lock is held (always ``True`` when ``blocking``).
     """
     held: set[str] = getattr(_held, "keys", None) or set()
     _held.keys = held
     if key in held:
-        yield
+        yield True
         return
     held.add(key)
     try:
-        with _backend_lock(unwrap_storage(storage), key, timeout):
-            yield
+        with _backend_lock(unwrap_storage(storage), key, timeout, blocking) as got:
+            yield got
     finally:
         held.discard(key)
 
 
 @contextlib.contextmanager
-def _backend_lock(storage: BaseStorage, key: str, timeout: float) -> Iterator[None]:
+def _backend_lock(storage: BaseStorage, key: str, timeout: float, blocking: bool) -> Iterator[bool]:
     engine = getattr(storage, "engine", None)
     dialect = engine.dialect.name if engine is not None else None
     if dialect == "sqlite" and engine.url.database not in (None, "", ":memory:"):
         # Threads of one process first queue on a process lock: flock is per open file.
-        with _process_lock(f"{engine.url.database}:{key}"):
-            with file_lock(sqlite_lock_path(engine.url.database), timeout):
-                yield
+        with _process_lock(f"{engine.url.database}:{key}", blocking) as got:
+            if not got:
+                yield False
+                return
+            with file_lock(
+                sqlite_lock_path(engine.url.database), timeout, blocking=blocking
+            ) as got:
+                yield got
     elif dialect == "postgresql":
         with engine.connect() as conn:
             with conn.begin():
+                if not blocking:
+                    got = conn.execute(
+                        text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _key64(key)}
+                    ).scalar()
+                    yield bool(got)
+                    return
                 conn.execute(text(f"SET LOCAL lock_timeout = '{int(timeout * 1000)}ms'"))
                 try:
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _key64(key)})
@@ -156,24 +188,26 @@ def _backend_lock(storage: BaseStorage, key: str, timeout: float) -> Iterator[No
                         f"{timeout:.0f} s: {e}"
                     ) from e
                 # The lock is released when this transaction ends (commit or connection loss).
-                yield
+                yield True
     elif dialect in ("mysql", "mariadb"):
         # GET_LOCK names are limited to 64 characters.
         name = "tss_opt:" + hashlib.sha1(key.encode()).hexdigest()
         with engine.connect() as conn:
-            got = conn.execute(
-                text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": int(timeout)}
-            ).scalar()
+            wait = int(timeout) if blocking else 0
+            got = conn.execute(text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": wait}).scalar()
             if got != 1:
+                if not blocking and got == 0:
+                    yield False
+                    return
                 raise StorageError(
                     f"Could not take the MySQL lock for '{key}' within {timeout:.0f} s "
                     f"(GET_LOCK returned {got!r})."
                 )
             try:
-                yield
+                yield True
             finally:
                 conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
                 conn.commit()
     else:
-        with _process_lock(f"{id(storage)}:{key}"):
-            yield
+        with _process_lock(f"{id(storage)}:{key}", blocking) as got:
+            yield got

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch

@@ -130,7 +130,9 @@ class EagleHead(nn.Module):
         h = self.fc(torch.cat([emb, features], dim=-1))  # [1, q, H]
         if attention_mask is None:
             if cache is not None and cache.get_seq_length() > 0:
-                raise ValueError("EagleHead.forward with a non-empty cache needs an explicit attention_mask")
+                raise ValueError(
+                    "EagleHead.forward with a non-empty cache needs an explicit attention_mask"
+                )
             q = h.shape[1]
             allowed = torch.ones(q, q, dtype=torch.bool, device=h.device).tril()
             attention_mask = additive_mask(allowed, h.dtype)
@@ -179,7 +181,9 @@ def random_eagle_head(target_model: Any, seed: int = 0) -> EagleHead:
     return head.to(device=p.device, dtype=p.dtype).eval()
 
 
-def save_eagle_head(head: EagleHead, directory: str | Path, include_embeddings: bool = False) -> Path:
+def save_eagle_head(
+    head: EagleHead, directory: str | Path, include_embeddings: bool = False
+) -> Path:
     """Write ``config.json`` + ``pytorch_model.bin`` in the EAGLE-1 format.
 
     Args:
@@ -234,7 +238,9 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
         )
     cfg_path = directory / CONFIG_FILE
     if not cfg_path.is_file():
-        raise EagleHeadError(f"EAGLE head config {cfg_path} not found; an EAGLE-1 checkpoint has {CONFIG_FILE} + {WEIGHTS_BIN}")
+        raise EagleHeadError(
+            f"EAGLE head config {cfg_path} not found; an EAGLE-1 checkpoint has {CONFIG_FILE} + {WEIGHTS_BIN}"
+        )
     try:
         cfg_dict = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -262,7 +268,9 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
     expected = head.state_dict()
     missing = [k for k in expected if k not in state]
     if missing:
-        raise EagleHeadError(f"{weights_path} lacks {len(missing)} head weight(s): {', '.join(missing[:8])}")
+        raise EagleHeadError(
+            f"{weights_path} lacks {len(missing)} head weight(s): {', '.join(missing[:8])}"
+        )
     unexpected = [k for k in state if k not in expected and k not in _TARGET_OWNED]
     if unexpected:
         raise EagleHeadError(
@@ -274,11 +282,17 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
         for k, v in expected.items()
         if tuple(state[k].shape) != tuple(v.shape)
     ]
-    if "embed_tokens.weight" in state and tuple(state["embed_tokens.weight"].shape) != (t_vocab, t_hidden):
-        bad.append(f"embed_tokens.weight: checkpoint {tuple(state['embed_tokens.weight'].shape)} vs target {(t_vocab, t_hidden)}")
+    if "embed_tokens.weight" in state and tuple(state["embed_tokens.weight"].shape) != (
+        t_vocab,
+        t_hidden,
+    ):
+        bad.append(
+            f"embed_tokens.weight: checkpoint {tuple(state['embed_tokens.weight'].shape)} vs target {(t_vocab, t_hidden)}"
+        )
     if bad:
         raise EagleHeadError(
-            f"{weights_path} does not fit the head built from {cfg_path} for this target: " + "; ".join(bad)
+            f"{weights_path} does not fit the head built from {cfg_path} for this target: "
+            + "; ".join(bad)
         )
     head.load_state_dict({k: state[k] for k in expected}, strict=True)
     p = next(lm.parameters())
@@ -286,6 +300,11 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
 
 
 # ----------------------------------------------------------------------------- drafting
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """log-softmax in at least float32 (half-precision scores would reorder close candidates)."""
+    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+
 class EagleDrafter(Drafter):
     """Drafts a dynamic tree with an EAGLE head fed the target's features.
 
@@ -305,7 +324,9 @@ class EagleDrafter(Drafter):
 
     needs_prefill_feedback = True
 
-    def __init__(self, head: EagleHead, total_tokens: int = 60, depth: int = 6, top_k: int = 8) -> None:
+    def __init__(
+        self, head: EagleHead, total_tokens: int = 60, depth: int = 6, top_k: int = 8
+    ) -> None:
         if total_tokens < 2 or depth < 1 or top_k < 1:
             raise ValueError(
                 f"EAGLE drafting needs total_tokens >= 2, depth >= 1, top_k >= 1; got total_tokens={total_tokens}, "
@@ -321,7 +342,9 @@ class EagleDrafter(Drafter):
         self._cache: DynamicCache | None = None
         self._cached_pairs = 0
         self._h_last: torch.Tensor | None = None
-        self.last_scores: torch.Tensor | None = None  # cumulative log-probs of the last tree's nodes
+        self.last_scores: torch.Tensor | None = (
+            None  # cumulative log-probs of the last tree's nodes
+        )
 
     # ------------------------------------------------------------------------- features
     def reset(self, prompt_ids: torch.Tensor) -> None:
@@ -332,9 +355,13 @@ class EagleDrafter(Drafter):
 
     def _append_features(self, rows: torch.Tensor) -> None:
         rows = rows.to(device=self.device, dtype=self.dtype)
-        self._features = rows if self._features is None else torch.cat([self._features, rows], dim=0)
+        self._features = (
+            rows if self._features is None else torch.cat([self._features, rows], dim=0)
+        )
 
-    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prefill_feedback(
+        self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor
+    ) -> None:
         self._features = None
         self._append_features(hidden)
 
@@ -388,7 +415,7 @@ class EagleDrafter(Drafter):
         the head (with their parent's predicted feature) to produce the next level."""
         assert self._cache is not None
         head, k = self.head, self.top_k
-        logp = torch.log_softmax(head.lm_head(h_last).float(), dim=-1)  # [V]
+        logp = _log_probs(head.lm_head(h_last))  # [V]
         top = logp.topk(k)
         tokens: list[int] = top.indices.tolist()
         parents: list[int] = [-1] * k
@@ -409,12 +436,25 @@ class EagleDrafter(Drafter):
             allowed[:, :n_pairs] = True
             for r, u in enumerate(frontier):
                 allowed[r, [n_pairs + s for s in anc_slots[u]]] = True
-            ids = torch.tensor([[tokens[u] for u in frontier]], dtype=torch.long, device=self.device)
+            ids = torch.tensor(
+                [[tokens[u] for u in frontier]], dtype=torch.long, device=self.device
+            )
             pos = torch.full((1, f), n_pairs - 1 + d, dtype=torch.long, device=self.device)
-            out = head(ids, parent_feature.unsqueeze(0), pos, additive_mask(allowed, self.dtype), self._cache)[0]
-            lp = torch.log_softmax(head.lm_head(out).float(), dim=-1)  # [f, V]
+            out = head(
+                ids,
+                parent_feature.unsqueeze(0),
+                pos,
+                additive_mask(allowed, self.dtype),
+                self._cache,
+            )[0]
+            lp = _log_probs(head.lm_head(out))  # [f, V]
             top = lp.topk(k, dim=-1)
-            cum = top.values + torch.tensor([scores[u] for u in frontier], device=lp.device)[:, None]  # [f, k]
+            cum = (
+                top.values
+                + torch.tensor([scores[u] for u in frontier], dtype=lp.dtype, device=lp.device)[
+                    :, None
+                ]
+            )  # [f, k]
             first_new = len(tokens)
             tokens.extend(top.indices.reshape(-1).tolist())
             parents.extend(u for u in frontier for _ in range(k))
@@ -426,7 +466,9 @@ class EagleDrafter(Drafter):
             parent_feature = out[[b // k for b in best]]
         return self._select(tokens, parents, scores)
 
-    def _select(self, tokens: list[int], parents: list[int], scores: list[float]) -> tuple[DraftTree, torch.Tensor]:
+    def _select(
+        self, tokens: list[int], parents: list[int], scores: list[float]
+    ) -> tuple[DraftTree, torch.Tensor]:
         """Keep the best ``total_tokens - 1`` candidates; ties go to the earlier node, so a
         parent (score >= its child's, created first) always precedes its children."""
         budget = self.total_tokens - 1

@@ -99,7 +99,11 @@ def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedMod
         )
     # A mandatory value left unset ("???") is dropped: the builder's default applies and the
     # builder says what is missing when it is really needed (eagle's path unless random_init).
-    settings = {k: v for k, v in plain.items() if k not in _RESERVED and not (isinstance(v, str) and v == MISSING)}
+    settings = {
+        k: v
+        for k, v in plain.items()
+        if k not in _RESERVED and not (isinstance(v, str) and v == MISSING)
+    }
     params = inspect.signature(builder).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         accepted = [p for p in params if p not in ("target", "loaded")]
@@ -113,7 +117,13 @@ def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedMod
 
 # ----------------------------------------------------------------------------- builders
 @register_drafter("pld")
-def build_pld(target: TargetModel, loaded: LoadedModel, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> Drafter:
+def build_pld(
+    target: TargetModel,
+    loaded: LoadedModel,
+    num_tokens: int = 10,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+) -> Drafter:
     """Prompt lookup (model-free chain)."""
     from tss_opt.evaluation.drafters.prompt_lookup import PromptLookupDrafter
 
@@ -122,14 +132,21 @@ def build_pld(target: TargetModel, loaded: LoadedModel, num_tokens: int = 10, ma
 
 @register_drafter("draft_model")
 def build_draft_model(
-    target: TargetModel, loaded: LoadedModel, model: Mapping[str, Any] | None = None, num_tokens: int = 5, temperature: float = 0.0, seed: int = 0
+    target: TargetModel,
+    loaded: LoadedModel,
+    model: Mapping[str, Any] | None = None,
+    num_tokens: int = 5,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> Drafter:
     """A separate small causal LM with the target's vocabulary; ``model`` is a model config."""
     from tss_opt.evaluation.drafters.draft_model import DraftModelDrafter
     from tss_opt.models import load_model
 
     if not model:
-        raise DrafterConfigError("drafter 'draft_model' needs drafter.model: a model config mapping (like conf/model/*.yaml)")
+        raise DrafterConfigError(
+            "drafter 'draft_model' needs drafter.model: a model config mapping (like conf/model/*.yaml)"
+        )
     draft = load_model(_to_plain(model))
     d_vocab = int(draft.model.get_input_embeddings().weight.shape[0])
     t_vocab = int(target.model.get_input_embeddings().weight.shape[0])
@@ -139,28 +156,51 @@ def build_draft_model(
             "a draft model must share the target's tokenizer"
         )
     return DraftModelDrafter(
-        draft.model, num_tokens=num_tokens, temperature=temperature, layers_path=draft.config.layers_path, seed=seed
+        draft.model,
+        num_tokens=num_tokens,
+        temperature=temperature,
+        layers_path=draft.config.layers_path,
+        seed=seed,
     )
 
 
 @register_drafter("self")
-def build_self(target: TargetModel, loaded: LoadedModel, skip: Iterable[int] = (), num_tokens: int = 5, temperature: float = 0.0, seed: int = 0) -> Drafter:
+def build_self(
+    target: TargetModel,
+    loaded: LoadedModel,
+    skip: Iterable[int] = (),
+    num_tokens: int = 5,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> Drafter:
     """Self-drafting: the target under a larger skip set (its own KV cache)."""
     from tss_opt.evaluation.drafters.draft_model import SelfDrafter
 
     return SelfDrafter(
-        target.model, skip=list(skip), num_tokens=num_tokens, temperature=temperature, layers_path=loaded.config.layers_path, seed=seed
+        target.model,
+        skip=list(skip),
+        num_tokens=num_tokens,
+        temperature=temperature,
+        layers_path=loaded.config.layers_path,
+        seed=seed,
     )
 
 
 @register_drafter("token_recycle")
 def build_token_recycle(
-    target: TargetModel, loaded: LoadedModel, template: Any = "builtin:token_recycle_15.json", top_k: int = 8, keep_table: bool = True, max_nodes: int | None = None
+    target: TargetModel,
+    loaded: LoadedModel,
+    template: Any = "builtin:token_recycle_15.json",
+    top_k: int = 8,
+    keep_table: bool = True,
+    max_nodes: int | None = None,
 ) -> Drafter:
     """Token Recycling over a static template."""
     from tss_opt.evaluation.drafters.token_recycle import TokenRecycleDrafter
 
-    return TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
+    return TokenRecycleDrafter(
+        template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes
+    )
 
 
 @register_drafter("samd")

@@ -143,7 +143,9 @@ class SamdDrafter(Drafter):
     learns from every verification, whichever drafter proposed the tree.
     """
 
-    def __init__(self, threshold: int = 4, num_tokens: int = 10, fallback: Drafter | None = None) -> None:
+    def __init__(
+        self, threshold: int = 4, num_tokens: int = 10, fallback: Drafter | None = None
+    ) -> None:
         if threshold < 1 or num_tokens < 1:
             raise ValueError(
                 f"SAM decoding needs threshold >= 1 and num_tokens >= 1; got threshold={threshold}, num_tokens={num_tokens}"
@@ -160,7 +162,9 @@ class SamdDrafter(Drafter):
         self.sam = SuffixAutomaton(prompt_ids.reshape(-1).tolist())
         self.fallback.reset(prompt_ids)
 
-    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prefill_feedback(
+        self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor
+    ) -> None:
         self.fallback.prefill_feedback(prompt_ids, logits, hidden)
 
     def update(self, feedback: VerifyFeedback) -> None:

@@ -92,7 +92,11 @@ def _ranks_from_order(parents: Sequence[int]) -> list[int]:
 
 
 def validate_template(
-    parents: Sequence[Any], ranks: Sequence[Any], *, where: str = "template", max_nodes: int | None = None
+    parents: Sequence[Any],
+    ranks: Sequence[Any],
+    *,
+    where: str = "template",
+    max_nodes: int | None = None,
 ) -> None:
     """Raise :class:`TemplateError` naming the first offending node.
 
@@ -106,19 +110,27 @@ def validate_template(
             f"{where}: {n} nodes exceed the budget of {max_nodes}; use a smaller template or raise max_nodes"
         )
     if len(ranks) != n:
-        raise TemplateError(f"{where}: {n} parents but {len(ranks)} ranks; give one rank per node or omit 'ranks'")
+        raise TemplateError(
+            f"{where}: {n} parents but {len(ranks)} ranks; give one rank per node or omit 'ranks'"
+        )
     for i, (p, r) in enumerate(zip(parents, ranks, strict=True)):
         if isinstance(p, bool) or not isinstance(p, int):
-            raise TemplateError(f"{where}: node {i} has parent {p!r}; expected an integer node index or -1 (the root)")
+            raise TemplateError(
+                f"{where}: node {i} has parent {p!r}; expected an integer node index or -1 (the root)"
+            )
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise TemplateError(f"{where}: node {i} has rank {r!r}; expected a non-negative integer")
+            raise TemplateError(
+                f"{where}: node {i} has rank {r!r}; expected a non-negative integer"
+            )
         if p < -1 or p >= n:
             raise TemplateError(
                 f"{where}: node {i} has parent {p}, which is not a node (missing parent); "
                 f"expected -1 (the root) or 0..{n - 1}"
             )
         if p == i:
-            raise TemplateError(f"{where}: node {i} is its own parent (a cycle); a node's parent must come before it")
+            raise TemplateError(
+                f"{where}: node {i} is its own parent (a cycle); a node's parent must come before it"
+            )
     for i, p in enumerate(parents):
         if p > i:
             # Follow the parent links: either they loop (not a tree) or the order is wrong.
@@ -146,10 +158,14 @@ def validate_template(
         taken[r] = i
 
 
-def template_from_mapping(data: Mapping[str, Any], *, name: str = "template", max_nodes: int | None = None) -> TreeTemplate:
+def template_from_mapping(
+    data: Mapping[str, Any], *, name: str = "template", max_nodes: int | None = None
+) -> TreeTemplate:
     """Build a :class:`TreeTemplate` from a decoded JSON object (``parents`` [+ ``ranks``])."""
     if "parents" not in data:
-        raise TemplateError(f"{name}: no 'parents' list; a template needs 'parents' (and optionally 'ranks')")
+        raise TemplateError(
+            f"{name}: no 'parents' list; a template needs 'parents' (and optionally 'ranks')"
+        )
     parents = list(data["parents"])
     ranks = list(data["ranks"]) if data.get("ranks") is not None else _ranks_from_order(parents)
     label = str(data.get("name", name))
@@ -162,7 +178,9 @@ def builtin_templates() -> list[str]:
     return sorted(p.name for p in TREES_DIR.glob("*.json"))
 
 
-def load_template(source: str | Path | Mapping[str, Any] | TreeTemplate, *, max_nodes: int | None = None) -> TreeTemplate:
+def load_template(
+    source: str | Path | Mapping[str, Any] | TreeTemplate, *, max_nodes: int | None = None
+) -> TreeTemplate:
     """Load and validate a template.
 
     Args:
@@ -197,7 +215,9 @@ def load_template(source: str | Path | Mapping[str, Any] | TreeTemplate, *, max_
     except json.JSONDecodeError as e:
         raise TemplateError(f"tree template {label} is not valid JSON: {e}") from e
     if not isinstance(data, Mapping):
-        raise TemplateError(f"tree template {label} must hold a JSON object with 'parents', got {type(data).__name__}")
+        raise TemplateError(
+            f"tree template {label} must hold a JSON object with 'parents', got {type(data).__name__}"
+        )
     return template_from_mapping(data, name=label, max_nodes=max_nodes)
 
 
@@ -220,7 +240,9 @@ def best_first_template(
     import heapq
 
     if num_nodes < 1 or max_depth < 1 or not rank_accept:
-        raise TemplateError(f"best_first_template needs num_nodes >= 1, max_depth >= 1 and rank priors; got {num_nodes}, {max_depth}")
+        raise TemplateError(
+            f"best_first_template needs num_nodes >= 1, max_depth >= 1 and rank priors; got {num_nodes}, {max_depth}"
+        )
     parents: list[int] = []
     ranks: list[int] = []
     value: list[float] = []

@@ -86,7 +86,9 @@ class TokenRecycleDrafter(Drafter):
         max_nodes: int | None = None,
     ) -> None:
         if top_k < 1:
-            raise ValueError(f"token recycling top_k={top_k}; expected a positive integer such as 8")
+            raise ValueError(
+                f"token recycling top_k={top_k}; expected a positive integer such as 8"
+            )
         self.template = load_template(template, max_nodes=max_nodes)
         for i, r in enumerate(self.template.ranks):
             if r >= top_k:
@@ -125,14 +127,18 @@ class TokenRecycleDrafter(Drafter):
         if not self.keep_table:
             self.table = None
 
-    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prefill_feedback(
+        self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor
+    ) -> None:
         table = self._ensure_table(int(logits.shape[-1]))
         table.store(prompt_ids.reshape(-1)[-1:], logits[-1:])
 
     def update(self, feedback: VerifyFeedback) -> None:
         # Row 0 is the root, row i + 1 is node i: every row's input token is known.
         table = self._ensure_table(int(feedback.logits.shape[-1]))
-        tokens = torch.cat([torch.tensor([feedback.root_token], dtype=torch.long), feedback.tree.tokens.cpu()])
+        tokens = torch.cat(
+            [torch.tensor([feedback.root_token], dtype=torch.long), feedback.tree.tokens.cpu()]
+        )
         table.store(tokens, feedback.logits)
 
     # ------------------------------------------------------------------------- drafting
@@ -141,7 +147,12 @@ class TokenRecycleDrafter(Drafter):
         are dropped with their whole subtree."""
         table = self.table
         n = len(self.template)
-        if table is None or n == 0 or not 0 <= root_token < table.vocab_size or not bool(table.filled[root_token]):
+        if (
+            table is None
+            or n == 0
+            or not 0 <= root_token < table.vocab_size
+            or not bool(table.filled[root_token])
+        ):
             return DraftTree.empty()
         tok = torch.zeros(n, dtype=torch.long)
         valid = torch.zeros(n, dtype=torch.bool)

@@ -1,0 +1,76 @@
+"""The serve command and ``TSSController.from_config`` on the tiny model preset."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tss_opt.cli.serve import serve
+from tss_opt.config import config_dir, register_configs
+from tss_opt.mapping import MappingError
+from tss_opt.runtime import TSSController, router_cache_path
+
+SKIPS = {"qa": [1], "translation": [2, 3]}
+
+
+def make_cfg(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose("config", overrides=["+model=tiny", "max_new_tokens=8", *overrides])
+
+
+def test_serve_labelled_request_prints_domain_skip_set_output_and_stats(write_mapping, capsys):
+    path = write_mapping(SKIPS)
+    res = serve(make_cfg(f"mapping_path={path}", "prompt=who wrote hamlet?", "request_domain=qa"))
+    out = capsys.readouterr().out
+    assert res.domain == "qa" and res.skip_set == frozenset({1}) and not res.routed
+    assert "domain: qa [from request_domain]" in out
+    assert "skip set: {1} (1/4 layers skipped)" in out
+    assert res.text in out
+    assert "accepted length (bonus incl.)" in out and "skipped layers" in out and "1 of 4" in out
+    # A labelled request needs no router: none was fitted.
+    assert not router_cache_path(path, "tiny-llama-4l-seed0").exists()
+
+
+def test_serve_unmapped_domain_says_dense(write_mapping, capsys):
+    res = serve(make_cfg(f"mapping_path={write_mapping(SKIPS)}", "prompt=hello", "request_domain=mmlu"))
+    out = capsys.readouterr().out
+    assert res.skip_set == frozenset() and "not in the mapping: dense" in out and "skip set: — (0/4" in out
+
+
+def test_from_config_fits_the_router_once_and_reuses_it(write_mapping, caplog):
+    caplog.set_level(logging.INFO, logger="tss_opt.runtime")
+    path = write_mapping(SKIPS)
+    cfg = make_cfg(f"mapping_path={path}")
+    c = TSSController.from_config(cfg)
+    assert c.router is not None
+    assert c.router.domains == ["mmlu", "qa", "rag", "summarization", "translation"]
+    cache = router_cache_path(path, "tiny-llama-4l-seed0")
+    assert cache.is_file() and any("router: saved" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    again = TSSController.from_config(cfg)
+    assert any("router: loaded" in r.getMessage() for r in caplog.records)
+    assert again.router.threshold == pytest.approx(c.router.threshold)
+    res = again.generate("Translate German to English: Das Haus ist groß.")
+    assert res.similarity is not None
+    assert res.skip_set == again.skip_set_for(res.domain)
+
+
+def test_from_config_refuses_a_mapping_for_another_model(write_mapping):
+    path = write_mapping(SKIPS, model="HuggingFaceTB/SmolLM2-135M-Instruct", num_layers=30)
+    with pytest.raises(MappingError, match="loaded model is 'tiny-llama-4l-seed0'"):
+        TSSController.from_config(make_cfg(f"mapping_path={path}", "request_domain=qa"))
+
+
+def test_serve_command_reports_a_missing_mapping(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tss_opt.cli.serve", "+model=tiny", "prompt=hi", f"mapping_path={missing}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert f"error: Mapping file {missing} does not exist" in proc.stderr
