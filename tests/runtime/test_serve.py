@@ -54,7 +54,8 @@ def test_from_config_fits_the_router_once_and_reuses_it(write_mapping, caplog):
     caplog.clear()
     again = TSSController.from_config(cfg)
     assert any("router: loaded" in r.getMessage() for r in caplog.records)
-    assert again.router.threshold == pytest.approx(c.router.threshold)
+    assert again.router.thresholds == pytest.approx(c.router.thresholds)
+    assert again.router.has_background
     res = again.generate("Translate German to English: Das Haus ist groß.")
     assert res.similarity is not None
     assert res.skip_set == again.skip_set_for(res.domain)

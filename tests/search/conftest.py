@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterator
 
@@ -13,11 +12,6 @@ POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 
 STORAGE_KINDS = ["sqlite", "postgresql", "mysql"]
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logging.getLogger("tss_opt").setLevel(logging.INFO)
 
 
 @pytest.fixture

@@ -15,14 +15,18 @@ from tss_opt.cli.generate import format_stats
 from tss_opt.evaluation.decoding.engine import GenerationResult
 from tss_opt.report.tables import format_skip_set
 from tss_opt.runtime.controller import ControllerResult, TSSController
+from tss_opt.runtime.router import BACKGROUND
 
 
 def describe(res: ControllerResult, controller: TSSController) -> str:
     """The routing lines printed above the output."""
-    if res.routed:
-        how = f"routed (similarity {res.similarity:.3f} >= threshold {controller.router.threshold:.3f})"  # type: ignore[union-attr]
-    elif res.similarity is not None:
-        how = f"no domain close enough (best similarity {res.similarity:.3f} < threshold {controller.router.threshold:.3f}): dense"  # type: ignore[union-attr]
+    r = res.route
+    if r is not None and res.routed:
+        how = f"routed: similarity {r.similarity:.3f} >= threshold {r.threshold:.3f}"
+    elif r is not None and r.nearest == BACKGROUND:
+        how = f"routed: closest to generic requests (similarity {r.similarity:.3f}), no domain: dense"
+    elif r is not None:
+        how = f"routed: nearest {r.nearest} but similarity {r.similarity:.3f} < threshold {r.threshold:.3f}: dense"
     elif res.domain is None:
         how = "no domain given and no router: dense"
     else:

@@ -8,6 +8,7 @@
 See ``docs/runtime.md``.
 """
 
+from tss_opt.runtime.background import BACKGROUND_PROMPTS
 from tss_opt.runtime.controller import (
     ControllerResult,
     TSSController,
@@ -16,6 +17,7 @@ from tss_opt.runtime.controller import (
     router_domains,
 )
 from tss_opt.runtime.router import (
+    BACKGROUND,
     DomainRouter,
     RouteDecision,
     RouterError,
@@ -26,6 +28,8 @@ from tss_opt.runtime.router import (
 )
 
 __all__ = [
+    "BACKGROUND",
+    "BACKGROUND_PROMPTS",
     "ControllerResult",
     "DomainRouter",
     "RouteDecision",

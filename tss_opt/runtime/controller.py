@@ -25,7 +25,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.drafters.base import Drafter
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
+from tss_opt.runtime.background import BACKGROUND_PROMPTS
 from tss_opt.runtime.router import DomainRouter, RouteDecision, RouterError, domains_fingerprint
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ class ControllerResult:
             ``None`` when it has none (dense).
         skip_set: The layers skipped while verifying (empty: dense).
         routed: Whether ``domain`` came from the router rather than the request's label.
-        similarity: The router's best cosine similarity (``None`` when not routed).
+        route: The router's decision for an unlabeled request (``None`` when labelled or
+            without a router).
     """
 
     text: str
@@ -74,8 +76,12 @@ class ControllerResult:
     domain: str | None
     skip_set: frozenset[int]
     routed: bool
-    similarity: float | None = None
-    scores: dict[str, float] = field(default_factory=dict)
+    route: RouteDecision | None = None
+
+    @property
+    def similarity(self) -> float | None:
+        """The router's best cosine similarity (``None`` when the router was not asked)."""
+        return None if self.route is None else self.route.similarity
 
 
 class TSSController:
@@ -171,7 +177,7 @@ class TSSController:
         decision = self.router.route(prompt_ids)
         log.debug(
             "routed to %s (nearest %s, similarity %.3f, threshold %.3f)",
-            decision.domain or "dense", decision.nearest, decision.similarity, self.router.threshold,
+            decision.domain or "dense", decision.nearest, decision.similarity, decision.threshold,
         )
         return decision.domain, decision
 
@@ -233,8 +239,7 @@ class TSSController:
             domain=resolved,
             skip_set=skip,
             routed=decision is not None and decision.domain is not None,
-            similarity=None if decision is None else decision.similarity,
-            scores={} if decision is None else dict(decision.scores),
+            route=decision,
         )
 
     # ----------------------------------------------------------------------------- config
@@ -340,7 +345,7 @@ def load_or_fit_router(rt: Runtime, path: Path, extra_domains: Iterable[str] = (
     if path.is_file():
         try:
             router = DomainRouter.load(path, rt.target, model_id=model_id)
-            if router.fingerprint == domains_fingerprint(domains):
+            if router.fingerprint == domains_fingerprint(domains, "calibration", BACKGROUND_PROMPTS):
                 log.info("router: loaded %s (%s)", path, ", ".join(router.domains))
                 return router
             log.info("router: %s was fitted on other prompts; refitting", path)

@@ -115,6 +115,7 @@ class Worker:
         self.progress = progress
         self.thresholds: Thresholds | None = None
         self.evaluations = 0
+        self._last_progress = time.monotonic()
 
     def run(self) -> StoredState:
         """Work until the search is finished; return the final state."""
@@ -141,13 +142,23 @@ class Worker:
 
     def _optimize(self) -> None:
         try:
-            self.study.optimize(self._objective, catch=(), gc_after_trial=False)
+            self.study.optimize(
+                self._objective, catch=(), gc_after_trial=False, callbacks=[self._after_trial]
+            )
         except QueueEmpty:
             pass
         except UpdateFinishedTrialError as e:
             # Our trial was failed as stale by another worker (heartbeats were late, e.g. an
             # overloaded machine); its retry runs elsewhere, so just carry on.
             logger.warning("a trial of this worker was failed by another worker: %s", e)
+
+    def _after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        # "level k: evaluated x/y" during long levels, at most once per progress interval
+        # (it costs a read of the study's new trials).
+        now = time.monotonic()
+        if now - self._last_progress >= self.progress.interval:
+            self._last_progress = now
+            self.progress.state(self.sampler.state(self.study), force=True)
 
     def _objective(self, trial: optuna.Trial) -> tuple[float, float, float]:
         config = config_of(self.study._storage.get_trial(trial._trial_id))

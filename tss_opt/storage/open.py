@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import optuna
+from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial
 from sqlalchemy import create_engine, text
@@ -69,9 +71,12 @@ def open_storage(
         "heartbeat_stale_trial_callback": heartbeat_stale_trial_callback,
     }
     try:
-        if parsed.backend == "sqlite":
-            return _open_sqlite(parsed, busy_timeout, fast_commit, kwargs)
-        return _open_server(parsed, fast_commit, kwargs)
+        with warnings.catch_warnings():
+            # Heartbeats are "experimental" in Optuna; the warning has nothing to act on.
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            if parsed.backend == "sqlite":
+                return _open_sqlite(parsed, busy_timeout, fast_commit, kwargs)
+            return _open_server(parsed, fast_commit, kwargs)
     except StorageError:
         raise
     except Exception as e:

@@ -1,0 +1,42 @@
+"""``python -m tss_opt.cli.evaluate +domain=NAME [skip=[...]] [split=calibration]``
+
+Runs the trial evaluator once (one skip set, every prompt of a split, the domain's protocol
+unless ``search.prompts`` / ``max_new_tokens`` say otherwise) and prints A, M, C and tokens/s.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from tss_opt.cli.common import build_evaluator, hydra_entry, load_runtime, require_domain
+from tss_opt.evaluation.evaluator import EvalResult
+
+
+def evaluate(cfg: DictConfig) -> EvalResult:
+    domain = require_domain(cfg)
+    rt = load_runtime(cfg)
+    # The search preset's prompt/token reductions apply to searches; a plain evaluation
+    # follows the domain's protocol unless search.prompts / max_new_tokens are given.
+    prompts = cfg.search.prompts if cfg.search.preset == "custom" else None
+    ev = build_evaluator(cfg, runtime=rt, prompts=prompts or len(domain.split(cfg.split)))
+    if not cfg.get("max_new_tokens"):
+        ev.max_new_tokens = domain.config.max_new_tokens
+    r = ev.evaluate(frozenset(cfg.skip))
+    print(
+        f"| domain | model | drafter | dtype | split | prompts | tokens | skip | accepted length | {ev.metric_name} | cost | tok/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {domain.name} | {rt.loaded.config.name} | {rt.drafter_cfg.get('name')} | {rt.loaded.config.dtype} | "
+        f"{cfg.split} | {len(ev.examples)} | {ev.max_new_tokens} | {sorted(r.skip)} | {r.accept_length:.3f} | "
+        f"{r.metric:.4f} | {r.cost:.4f} | {r.tokens_per_s:.2f} |"
+    )
+    for k, v in r.metric_extras.items():
+        print(f"{k}: {v:.4f}")
+    return r
+
+
+main = hydra_entry(evaluate)
+
+if __name__ == "__main__":
+    main()
