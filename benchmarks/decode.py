@@ -80,16 +80,13 @@ def tree_drafter_factories(target: TargetModel, loaded) -> dict[str, Callable]:
         return out
     specs = {
         "token_recycle_15": {"name": "token_recycle", "template": "builtin:token_recycle_15.json"},
-        "token_recycle_large": {
-            "name": "token_recycle",
-            "template": "builtin:token_recycle_large.json",
-        },
+        "token_recycle_large": {"name": "token_recycle", "template": "builtin:token_recycle_large.json"},
         "samd": {"name": "samd"},
-        "eagle_random": {"name": "eagle", "random_init": True},
+        "samd_large": {"name": "samd", "threshold": 2, "template": "builtin:token_recycle_large.json"},
+        "eagle_random": {"name": "eagle", "random_init": True, "path": None},
     }
     from omegaconf import OmegaConf
 
-    from tss_opt.cli.common import drafter_config  # noqa: F401  (documents where defaults live)
     from tss_opt.config import config_dir
 
     for key, spec in specs.items():
@@ -97,7 +94,10 @@ def tree_drafter_factories(target: TargetModel, loaded) -> dict[str, Callable]:
         if not base_file.is_file():
             continue
         cfg = OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(base_file), spec), resolve=True)
-        out[key] = lambda c=cfg: build_drafter(c, target, loaded)
+        # One instance per method for the whole run: Token Recycling's table stays warm across
+        # prompts, as in serving (a fresh drafter per prompt would start every table empty).
+        drafter = build_drafter(cfg, target, loaded)
+        out[key] = lambda d=drafter: d
     return out
 
 

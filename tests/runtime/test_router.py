@@ -118,6 +118,24 @@ def test_fit_refuses_bad_input(tiny_target, ids):
         embed_prompt(tiny_target, torch.tensor([], dtype=torch.long))
 
 
+def test_routing_accuracy_counts_every_heldout_prompt(tiny, tiny_target, tmp_path):
+    from tss_opt.evaluation.domains import load_domain
+
+    domains = []
+    for name, template in (("qa", "who wrote the book number {i}?"), ("math", "{i} + {i} * 7 = ? compute {i}")):
+        lines = [json.dumps({"id": str(i), "prompt": template.format(i=i), "references": ["x"]}) for i in range(8)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines))
+        domains.append(load_domain({"name": name, "data": str(tmp_path / f"{name}.jsonl"), "metric": "token_f1",
+                                    "pool_size": 8, "calibration_size": 4, "heldout_size": 4}))
+    router = DomainRouter.fit_domains(tiny_target, tiny.tokenizer, domains)
+    assert router.has_background and router.domains == ["math", "qa"]
+    rep = routing_accuracy(router, tiny.tokenizer, domains, progress=False)
+    assert rep.total == 8 and {d: sum(row.values()) for d, row in rep.confusion.items()} == {"qa": 4, "math": 4}
+    assert rep.accuracy == pytest.approx(sum(rep.confusion[d].get(d, 0) for d in rep.confusion) / 8)
+    md = rep.to_markdown()
+    assert "| true \\ routed |" in md and md.count("| dense |") == 1 and "| qa |" in md and "| math |" in md
+
+
 @pytest.mark.slow
 def test_routing_accuracy_on_the_embedded_model(embedded):
     """Fitted on the 16 calibration prompts of each shipped domain; routed: 16 held-out prompts

@@ -119,6 +119,14 @@ def test_plan_stops_on_max_trials_and_baseline_failure() -> None:
     assert plan.frontier == (F({1}),)  # the cap keeps a prefix of level 1
     results[F({1})] = M(3.0, 0.5, 0.9)
     plan = plan_search(s, 4, results)
-    assert plan.finished and plan.stop_reason == "max_trials=3 reached"
+    assert plan.finished and plan.stop_reason == "max_trials=3 reached (level 1: 2 of 4 evaluated)"
     failed = plan_search(SearchSettings(), 4, {F(): None})
     assert failed.finished and failed.baseline is None
+
+
+def test_budget_cut_level_without_feasible_set_reports_the_budget() -> None:
+    """A level cut short by max_trials is not a level 'without a feasible configuration'."""
+    s = SearchSettings(max_trials=3)
+    results = {F(): M(3.0, 0.5, 1.0), F({0}): M(1.0, 0.1, 0.9), F({1}): M(1.0, 0.1, 0.9)}
+    plan = plan_search(s, 4, results)
+    assert plan.finished and plan.stop_reason.startswith("max_trials=3 reached")

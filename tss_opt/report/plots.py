@@ -164,9 +164,15 @@ def plot_pareto(
     ax.scatter([A0], [M0], marker="s", s=70, color="black", label="dense (∅)", zorder=5)
     best = next((r for r in records if r.skip_set == chosen), None)
     if best is not None and chosen:
+        # Put the label on the side of the point facing the plot's centre, so it stays inside.
+        xs = [r.accept_length for r in records] + [A0]
+        ys = [r.metric for r in records] + [M0]
+        right = best.accept_length > (min(xs) + max(xs)) / 2
+        top = best.metric > (min(ys) + max(ys)) / 2  # type: ignore[operator]
         ax.annotate(
             f"S* = {format_skip_set(chosen)}\nA={best.accept_length:.3f}, {result.metric_name}={best.metric:.4f}",
-            xy=(best.accept_length, best.metric), xytext=(18, 18), textcoords="offset points", fontsize=9,
+            xy=(best.accept_length, best.metric), xytext=(-24 if right else 24, -30 if top else 24),
+            textcoords="offset points", fontsize=9, ha="right" if right else "left", va="top" if top else "bottom",
             arrowprops={"arrowstyle": "->", "color": "black"},
             bbox={"boxstyle": "round", "fc": "lightyellow", "alpha": 0.9}, zorder=6,
         )

@@ -418,7 +418,7 @@ class RoutingReport:
 
     def to_markdown(self) -> str:
         """The confusion matrix as a Markdown table (rows: true domain)."""
-        cols = sorted({c for row in self.confusion.values() for c in row} | set(self.confusion) - {"dense"}) + ["dense"]
+        cols = sorted(({c for row in self.confusion.values() for c in row} | set(self.confusion)) - {"dense"}) + ["dense"]
         lines = [
             f"Routing accuracy {self.accuracy:.3f} on {self.total} prompts (fell back to dense: "
             f"{self.fallback_rate:.3f}; nearest domain alone, without background class and thresholds: "

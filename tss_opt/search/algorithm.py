@@ -286,6 +286,11 @@ def plan_search(
                 baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=True
             )
             pool = candidate_pool({next(iter(c)): results[c] for c in configs}, pool_thr)
+        if budget == 0 and len(configs) < total:
+            # A level cut short by the budget says nothing about its unevaluated sets.
+            return done(
+                f"max_trials={settings.max_trials} reached (level {k}: {len(configs)} of {total} evaluated)"
+            )
         if k >= 1 and not feasible:
             return done(f"level {k} has no feasible configuration")
         if budget == 0:
