@@ -199,3 +199,12 @@ def test_export_from_a_finished_study(tmp_path) -> None:
     # Exporting under another domain name adds a second entry.
     export_mapping(url, "qa-study", path, domain="rag")
     assert load_mapping(path).domains == ["qa", "rag"]
+
+
+def test_a_yaml_that_is_not_a_mapping_file_is_refused(tmp_path):
+    from tss_opt.mapping import MappingError, load_mapping
+
+    p = tmp_path / "tiny.yaml"
+    p.write_text("name: tiny\nsource: tiny\nnum_layers: 4\n")
+    with pytest.raises(MappingError, match="format, model, num_layers, domains"):
+        load_mapping(p)

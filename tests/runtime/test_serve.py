@@ -75,3 +75,14 @@ def test_serve_command_reports_a_missing_mapping(tmp_path):
     )
     assert proc.returncode == 2
     assert f"error: Mapping file {missing} does not exist" in proc.stderr
+
+
+def test_empty_mapping_serves_dense_without_fitting_a_router(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="tss_opt.runtime")
+    path = tmp_path / "mapping.yaml"
+    path.write_text("format: 1\ndomains: {}\n", encoding="utf-8")
+    c = TSSController.from_config(make_cfg(f"mapping_path={path}"))
+    assert c.router is None and not router_cache_path(path, "tiny-llama-4l-seed0").exists()
+    assert any("has no domains" in r.getMessage() for r in caplog.records)
+    res = c.generate("hello")
+    assert res.domain is None and res.skip_set == frozenset()

@@ -72,6 +72,7 @@ def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
         "drafter_config": drafter,
         "metric": domain.config.metric,
         "preset": cfg.search.preset,
+        "split": cfg.split,
         "protocol": proto,
     }
     return name, metadata

@@ -284,6 +284,14 @@ def mapping_from_data(data: Any, path: Path | None = None) -> DomainMapping:
     """
     if not isinstance(data, Mapping):
         raise _err(path, "top level", f"expected a mapping, got {type(data).__name__}")
+    unknown = sorted(set(map(str, data)) - {"format", "model", "num_layers", "domains"})
+    if unknown or "domains" not in data:
+        # Not a mapping file (a model config, say): refuse rather than read it as empty.
+        raise _err(
+            path,
+            "top level",
+            f"expected the keys format, model, num_layers, domains; found {sorted(map(str, data))}",
+        )
     fmt = data.get("format", FORMAT_VERSION)
     if fmt != FORMAT_VERSION:
         raise _err(path, "format", f"unsupported version {fmt!r}; this code reads {FORMAT_VERSION}")

@@ -137,6 +137,8 @@ class TSSController:
         self.scope = scope
         self.temperature = float(temperature)
         self.max_new_tokens = int(max_new_tokens)
+        if not mapping.entries:
+            log.warning("the mapping %s has no domains: every request runs dense", mapping.path or "")
         # Validated once here rather than per request: a bad entry fails at start-up.
         self._skip_sets = {d: validate_skip(e.skip_set, target.num_layers) for d, e in mapping.entries.items()}
         self._reported: set[str] = set()
@@ -276,7 +278,8 @@ class TSSController:
         if with_router is None:
             with_router = not cfg.get("request_domain")
         router = None
-        if with_router:
+        # With no mapped domain every request runs dense: no need to fit a router.
+        if with_router and mapping.entries:
             router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id), mapping.domains)
         return cls(
             rt.target,
