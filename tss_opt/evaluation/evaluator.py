@@ -17,6 +17,7 @@ import torch
 
 from tss_opt.evaluation.cost import COSTS, analytic_cost, measured_cost
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.drafters.base import Drafter
@@ -152,36 +153,57 @@ class SpecDecodeEvaluator:
                     "  skip=%s prompt %d/%d: A=%.2f %.1f tok/s", sorted(skip), i + 1, len(self.examples),
                     res.stats.accept_length, res.stats.tokens_per_s,
                 )
-        wall = time.perf_counter() - t0
-        refs = [ex.references for ex in self.examples]
-        scored = self.metric.score(outputs, refs)
-        extras = dict(scored.extras)
-        for m in self.extra_metrics:
-            extras[m.name] = m.score(outputs, refs).value
-        steps = sum(s.steps for s in stats)
-        step_tokens = sum(s.step_tokens for s in stats)
-        new_tokens = sum(s.new_tokens for s in stats)
-        A = step_tokens / steps if steps else 1.0
-        c_an = analytic_cost(self.num_layers, len(skip), A)
-        c_me = measured_cost(sum(s.verify_s for s in stats), step_tokens)
-        return EvalResult(
-            skip=skip,
-            accept_length=A,
-            metric=scored.value,
-            cost=c_an if self.cost == "analytic" else c_me,
-            cost_analytic=c_an,
-            cost_measured=c_me,
-            # Throughput: tokens / wall time per prompt, averaged (TSS.md conventions).
-            tokens_per_s=sum(s.tokens_per_s for s in stats) / len(stats),
-            new_tokens=new_tokens,
-            steps=steps,
-            wall_s=wall,
-            metric_extras=extras,
-            prompts=[
-                PromptRecord(
-                    id=ex.id, output=out, score=sc, accept_length=s.accept_length,
-                    tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens, steps=s.steps,
-                )
-                for ex, out, sc, s in zip(self.examples, outputs, scored.per_example, stats)
-            ],
+        return aggregate(
+            skip, self.examples, outputs, stats, self.metric, self.extra_metrics, self.num_layers,
+            wall_s=time.perf_counter() - t0, cost=self.cost,
         )
+
+
+def aggregate(
+    skip: frozenset[int],
+    examples: Sequence[Example],
+    outputs: Sequence[str],
+    stats: Sequence[DecodeStats],
+    metric: Metric,
+    extra_metrics: Sequence[Metric],
+    num_layers: int,
+    *,
+    wall_s: float,
+    cost: str = "analytic",
+) -> EvalResult:
+    """Score one skip set's outputs and total its statistics.
+
+    A = committed tokens / verification steps pooled over prompts; tokens/s = the mean over
+    prompts of tokens / wall time (TSS.md's conventions). Shared by the evaluator and the
+    held-out report, which interleaves two skip sets and so cannot call ``evaluate``.
+    """
+    refs = [ex.references for ex in examples]
+    scored = metric.score(list(outputs), refs)
+    extras = dict(scored.extras)
+    for m in extra_metrics:
+        extras[m.name] = m.score(list(outputs), refs).value
+    steps = sum(s.steps for s in stats)
+    step_tokens = sum(s.step_tokens for s in stats)
+    A = step_tokens / steps if steps else 1.0
+    c_an = analytic_cost(num_layers, len(skip), A)
+    c_me = measured_cost(sum(s.verify_s for s in stats), step_tokens)
+    return EvalResult(
+        skip=skip,
+        accept_length=A,
+        metric=scored.value,
+        cost=c_an if cost == "analytic" else c_me,
+        cost_analytic=c_an,
+        cost_measured=c_me,
+        tokens_per_s=sum(s.tokens_per_s for s in stats) / len(stats),
+        new_tokens=sum(s.new_tokens for s in stats),
+        steps=steps,
+        wall_s=wall_s,
+        metric_extras=extras,
+        prompts=[
+            PromptRecord(
+                id=ex.id, output=out, score=sc, accept_length=s.accept_length,
+                tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens, steps=s.steps,
+            )
+            for ex, out, sc, s in zip(examples, outputs, scored.per_example, stats)
+        ],
+    )

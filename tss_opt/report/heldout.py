@@ -19,14 +19,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tss_opt.evaluation.cost import analytic_cost, measured_cost
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine
 from tss_opt.evaluation.decoding.skip import validate_skip
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Domain, format_prompt
 from tss_opt.evaluation.drafters.base import Drafter
-from tss_opt.evaluation.evaluator import EvalResult, PromptRecord
+from tss_opt.evaluation.evaluator import EvalResult, aggregate
 
 if TYPE_CHECKING:
     from tss_opt.mapping import DomainMapping, MappingEntry
@@ -102,48 +101,6 @@ class HeldoutReport:
     domains: list[DomainComparison] = field(default_factory=list)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     wall_s: float = 0.0
-
-
-def _aggregate(
-    skip: frozenset[int],
-    domain: Domain,
-    examples: Sequence[Any],
-    outputs: list[str],
-    stats: list[DecodeStats],
-    num_layers: int,
-    wall_s: float,
-) -> EvalResult:
-    """Score one method's outputs and total its statistics (the evaluator's conventions:
-    A = committed tokens / verification steps over all prompts, tokens/s averaged per prompt)."""
-    refs = [ex.references for ex in examples]
-    scored = domain.metric.score(outputs, refs)
-    extras = dict(scored.extras)
-    for m in domain.extra_metrics:
-        extras[m.name] = m.score(outputs, refs).value
-    steps = sum(s.steps for s in stats)
-    step_tokens = sum(s.step_tokens for s in stats)
-    A = step_tokens / steps if steps else 1.0
-    c_an = analytic_cost(num_layers, len(skip), A)
-    return EvalResult(
-        skip=skip,
-        accept_length=A,
-        metric=scored.value,
-        cost=c_an,
-        cost_analytic=c_an,
-        cost_measured=measured_cost(sum(s.verify_s for s in stats), step_tokens),
-        tokens_per_s=sum(s.tokens_per_s for s in stats) / len(stats),
-        new_tokens=sum(s.new_tokens for s in stats),
-        steps=steps,
-        wall_s=wall_s,
-        metric_extras=extras,
-        prompts=[
-            PromptRecord(
-                id=ex.id, output=out, score=sc, accept_length=s.accept_length,
-                tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens, steps=s.steps,
-            )
-            for ex, out, sc, s in zip(examples, outputs, scored.per_example, stats, strict=True)
-        ],
-    )
 
 
 def compare_domain(
@@ -222,7 +179,11 @@ def compare_domain(
                 domain.name, i + 1, len(ids), n.accept_length, n.tokens_per_s, t.accept_length, t.tokens_per_s,
             )
     native, tss = (
-        _aggregate(s, domain, examples, outputs[name], stats[name], target.num_layers, wall[name]) for name, s in methods
+        aggregate(
+            s, examples, outputs[name], stats[name], domain.metric, domain.extra_metrics, target.num_layers,
+            wall_s=wall[name],
+        )
+        for name, s in methods
     )
     return native, tss
 
