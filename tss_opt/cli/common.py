@@ -79,7 +79,7 @@ def require_domain(cfg: DictConfig) -> Domain:
     return load_domain(domain_cfg)
 
 
-def drafter_config(cfg: DictConfig, loaded: LoadedModel | None = None) -> dict[str, Any]:
+def drafter_config(cfg: DictConfig) -> dict[str, Any]:
     """The chosen drafter's settings, or the model's default drafter's (``conf/drafter/``)."""
     if cfg.get("drafter") is not None:
         out = OmegaConf.to_container(cfg.drafter, resolve=True)
@@ -120,7 +120,7 @@ class Runtime:
 def load_runtime(cfg: DictConfig) -> Runtime:
     loaded = load_model(model_config(cfg))
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
-    return Runtime(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg, loaded))
+    return Runtime(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
 
 
 def build_evaluator(cfg: DictConfig, runtime: Runtime | None = None, split: str | None = None, prompts: int | None = None) -> Any:
