@@ -4,7 +4,6 @@ recomputation, and the engine plumbing (features from the possibly sparse target
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from tss_opt.evaluation.drafters import (
     random_eagle_head,
     save_eagle_head,
 )
-from tss_opt.models import LoadedModel, ModelConfig, load_model
+from tss_opt.models import LoadedModel
 
 EOS = 258
 EAGLE1_KEYS = {
@@ -37,21 +36,6 @@ EAGLE1_KEYS = {
     "layers.0.mlp.down_proj.weight",
     "layers.0.post_attention_layernorm.weight",
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    # Shadows the session-wide float32 tiny model: float64 makes cached and recomputed head
-    # scores agree to 1e-9.
-    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="float64"))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ branching trees that were verified, so a pass cannot come from chains or empty d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,27 +31,11 @@ from tss_opt.evaluation.drafters import (
     build_drafter,
     random_eagle_head,
 )
-from tss_opt.models import LoadedModel, ModelConfig, load_model
+from tss_opt.models import LoadedModel
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_EOS = 258
 MAX_NEW = 48
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # Tiny forwards are dominated by thread start-up; on a shared 2-core machine extra
-    # threads make them up to 100x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    # Shadows the session-wide float32 tiny model: float64 so tree and chain computations agree far below any argmax margin.
-    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="float64"))
 
 
 @pytest.fixture(scope="module")
