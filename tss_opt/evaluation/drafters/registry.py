@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -130,6 +132,21 @@ def build_pld(
     return PromptLookupDrafter(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram)
 
 
+# Weights a drafter only reads (draft models, EAGLE heads), loaded once per process: the
+# evaluator builds a fresh drafter per trial, and reloading weights each time is wasted work.
+# Drafter state (KV caches, tables) lives in the drafter objects, never in these.
+_WEIGHTS: dict[str, Any] = {}
+# EAGLE heads reuse their target's embeddings: keyed per target model, dropped with it.
+_HEADS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _cached_weights(key: str, load: Callable[[], Any], owner: Any = None) -> Any:
+    store = _WEIGHTS if owner is None else _HEADS.setdefault(owner, {})
+    if key not in store:
+        store[key] = load()
+    return store[key]
+
+
 @register_drafter("draft_model")
 def build_draft_model(
     target: TargetModel,
@@ -147,7 +164,8 @@ def build_draft_model(
         raise DrafterConfigError(
             "drafter 'draft_model' needs drafter.model: a model config mapping (like conf/model/*.yaml)"
         )
-    draft = load_model(_to_plain(model))
+    plain = _to_plain(model)
+    draft = _cached_weights(f"draft_model:{json.dumps(plain, sort_keys=True, default=str)}", lambda: load_model(plain))
     d_vocab = int(draft.model.get_input_embeddings().weight.shape[0])
     t_vocab = int(target.model.get_input_embeddings().weight.shape[0])
     if d_vocab != t_vocab:
@@ -236,12 +254,12 @@ def build_eagle(
     from tss_opt.evaluation.drafters.eagle import EagleDrafter, load_eagle_head, random_eagle_head
 
     if random_init:
-        head = random_eagle_head(target.model, seed=seed)
+        head = _cached_weights(f"random:{seed}", lambda: random_eagle_head(target.model, seed=seed), target.model)
     elif not path or path == MISSING:
         raise DrafterConfigError(
             "drafter 'eagle' needs drafter.path (a directory with config.json + pytorch_model.bin), "
             "or drafter.random_init=true for a random head"
         )
     else:
-        head = load_eagle_head(path, target.model)
+        head = _cached_weights(f"path:{path}", lambda: load_eagle_head(path, target.model), target.model)
     return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k)
