@@ -28,10 +28,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tss_opt.assembly import assemble, compose_config  # noqa: E402
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine  # noqa: E402
 from tss_opt.evaluation.decoding.target import TargetModel  # noqa: E402
 from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
-from tss_opt.models import ModelConfig, load_model  # noqa: E402
 
 SKIP3 = (6, 21, 25)  # layers FACTS.md found harmless one by one on summarization
 
@@ -75,7 +75,7 @@ def tree_drafter_factories(target: TargetModel, loaded) -> dict[str, Callable]:
     """Tree drafters (Token Recycling, SAMD, EAGLE with a random head), when available."""
     out: dict[str, Callable] = {}
     try:
-        from tss_opt.evaluation.drafters.registry import build_drafter
+        from tss_opt.evaluation.decoding.drafters.registry import build_drafter
     except ImportError:
         return out
     specs = {
@@ -155,11 +155,11 @@ def main() -> None:
     )
 
     for dtype in args.dtypes.split(","):
-        loaded = load_model(ModelConfig(dtype=dtype, cache_dir=str(REPO / "storage" / "models")))
+        rt = assemble(compose_config([f"dtype={dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]))
+        loaded, target = rt.loaded, rt.target
         model, tok = loaded.model, loaded.tokenizer
-        target = TargetModel(model)
         eos = [tok.eos_token_id]
-        from tss_opt.evaluation.drafters import PromptLookupDrafter
+        from tss_opt.evaluation.decoding.drafters import PromptLookupDrafter
 
         sparse_greedy = engine_method(target, lambda: None, eos, skip=SKIP3)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from tss_opt.assembly import assemble, compose_config
 from tss_opt.config import config_dir
-from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import (
     Example,
     available_domains,
@@ -29,7 +29,6 @@ from tss_opt.evaluation.domains import (
     load_domain,
     read_domain_config,
 )
-from tss_opt.models import ModelConfig, load_model
 from tss_opt.runtime.router import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_THRESHOLD_MARGIN,
@@ -62,8 +61,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
 
-    loaded = load_model(ModelConfig(cache_dir=args.model_cache))
-    target = TargetModel(loaded.model, layers_path=loaded.config.layers_path)
+    rt = assemble(compose_config([f"model.cache_dir={args.model_cache}"]))
+    loaded, target = rt.loaded, rt.target
     domains = [load_domain(read_domain_config(n, [config_dir()])) for n in available_domains([config_dir()])]
     t0 = time.perf_counter()
     router = DomainRouter.fit_domains(

@@ -46,7 +46,7 @@ def test_default_model_and_paper_preset():
 
 
 def test_model_default_drafter_is_used():
-    from tss_opt.cli.common import drafter_config
+    from tss_opt.assembly import drafter_config
 
     cfg = _compose(["+domain=qa", "+model=llama13b"])
     assert drafter_config(cfg)["name"] == "samd"

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tss_opt.evaluation.decoding.accept import accept_sampling
+from tss_opt.evaluation.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters import DraftModelDrafter, PromptLookupDrafter
 
 N = 20000
 

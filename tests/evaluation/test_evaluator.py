@@ -7,9 +7,9 @@ from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir
 from tss_opt.evaluation.cost import analytic_cost
+from tss_opt.evaluation.decoding.drafters import PromptLookupDrafter
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
-from tss_opt.evaluation.drafters import PromptLookupDrafter
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 
 

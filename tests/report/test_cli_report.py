@@ -9,9 +9,9 @@ import sqlite3
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tss_opt.cli.common import UsageError
 from tss_opt.cli.report import report
 from tss_opt.config import config_dir, register_configs
+from tss_opt.errors import UsageError
 from tss_opt.mapping import MappingError, export_mapping
 from tss_opt.search import run_search
 

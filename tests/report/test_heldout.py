@@ -9,9 +9,9 @@ import matplotlib.image
 import pytest
 
 from tss_opt.evaluation.decoding import engine as engine_mod
+from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
-from tss_opt.evaluation.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.mapping import MappingError, export_mapping, load_mapping
 from tss_opt.report import (
     ReportError,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# Importing the decoding package first: `import tss_opt.evaluation.drafters` on its own hits a
+# Importing the decoding package first: `import tss_opt.evaluation.decoding.drafters` on its own hits a
 # circular import (drafters.base -> decoding.tree -> decoding/__init__ -> engine -> drafters.base).
 import tss_opt.evaluation.decoding  # noqa: F401
-from tss_opt.evaluation.drafters.prompt_lookup import PromptLookupDrafter
+from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
 TINY_ID = "tiny-llama-4l-seed0"
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from tss_opt.cli.common import build_evaluator, hydra_entry, load_runtime, require_domain
+from tss_opt.assembly import assemble, build_evaluator, require_domain
+from tss_opt.cli.common import hydra_entry
 from tss_opt.evaluation.evaluator import EvalResult
 
 
 def evaluate(cfg: DictConfig) -> EvalResult:
     domain = require_domain(cfg)
-    rt = load_runtime(cfg)
+    rt = assemble(cfg)
     # The search preset's prompt/token reductions apply to searches; a plain evaluation
     # follows the domain's protocol unless search.prompts / max_new_tokens are given.
     prompts = cfg.search.prompts if cfg.search.preset == "custom" else None

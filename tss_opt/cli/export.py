@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from tss_opt.assembly import study_identity
 from tss_opt.cli.common import hydra_entry
-from tss_opt.cli.search import study_identity
 
 
 def export(cfg: DictConfig) -> None:

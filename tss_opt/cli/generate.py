@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from tss_opt.cli.common import UsageError, hydra_entry, load_runtime
+from tss_opt.assembly import assemble
+from tss_opt.cli.common import hydra_entry
+from tss_opt.errors import UsageError
 from tss_opt.evaluation.decoding.engine import GenerationResult, SpeculativeEngine
 from tss_opt.evaluation.domains import Example, format_prompt
 
@@ -34,7 +36,7 @@ def format_stats(res: GenerationResult) -> str:
 def generate(cfg: DictConfig) -> GenerationResult:
     if not cfg.get("prompt"):
         raise UsageError('no prompt given; add prompt="your text" (quote it for the shell)')
-    rt = load_runtime(cfg)
+    rt = assemble(cfg)
     ids = format_prompt(rt.loaded.tokenizer, Example(id="cli", prompt=cfg.prompt, references=(), fields={}), None)
     engine = SpeculativeEngine(rt.target, rt.new_drafter(), eos_token_ids=rt.eos_token_ids)
     res = engine.generate(

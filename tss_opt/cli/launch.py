@@ -11,7 +11,8 @@ import sys
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from tss_opt.cli.common import UsageError, hydra_entry
+from tss_opt.cli.common import hydra_entry
+from tss_opt.errors import UsageError
 
 log = logging.getLogger("tss_opt.cli")
 

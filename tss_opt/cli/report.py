@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.cli.common import UsageError, hydra_entry, load_runtime
+from tss_opt.assembly import assemble
+from tss_opt.cli.common import hydra_entry
 from tss_opt.config import config_dir
+from tss_opt.errors import UsageError
 from tss_opt.evaluation.domains import Domain, load_domain, read_domain_config
 from tss_opt.mapping import DomainMapping, load_mapping
 
@@ -56,7 +58,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
 
     mapping = load_mapping(cfg.mapping_path)
     domains = report_domains(cfg, mapping)
-    rt = load_runtime(cfg)
+    rt = assemble(cfg)
     mapping.check_model(rt.loaded.model_id, rt.target.num_layers)
     drafter = rt.drafter_cfg.get("name")
     searched = sorted({e.drafter for e in mapping.entries.values() if e.drafter})

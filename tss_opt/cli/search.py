@@ -3,96 +3,17 @@ worker. Any number of workers started with the same command and storage share th
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
-from dataclasses import fields
-from typing import Any
 
 import hydra.utils
-import optuna
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.cli.common import UsageError, drafter_config, model_config, require_domain
-from tss_opt.evaluation.cost import COSTS
-from tss_opt.evaluation.decoding.engine import SCOPES
-from tss_opt.models import as_model_config, model_id_for
-from tss_opt.search import SearchResult, SearchSettings, run_search, study_name_for
+from tss_opt.assembly import search_settings, study_identity
+from tss_opt.search import SearchResult, run_search
+from tss_opt.search.identity import check_stored_study
 
 log = logging.getLogger("tss_opt.cli")
-
-# Settings that change what a trial measures; they name the study and are checked on resume.
-PROTOCOL_KEYS = ("prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype")
-
-
-def search_settings(cfg: DictConfig) -> SearchSettings:
-    names = {f.name for f in fields(SearchSettings)}
-    values = {k: v for k, v in OmegaConf.to_container(cfg.search, resolve=True).items() if k in names}
-    return SearchSettings(**values)
-
-
-def protocol(cfg: DictConfig) -> dict[str, Any]:
-    domain = require_domain(cfg)
-    mc = as_model_config(model_config(cfg))
-    return {
-        "prompts": min(cfg.search.prompts or domain.config.calibration_size, domain.config.calibration_size),
-        "max_new_tokens": cfg.get("max_new_tokens") or cfg.search.max_new_tokens or domain.config.max_new_tokens,
-        "split": cfg.split,
-        "scope": cfg.scope,
-        "cost": cfg.cost,
-        "temperature": float(cfg.temperature),
-        "dtype": mc.dtype,
-    }
-
-
-def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
-    """The study name and metadata a configuration maps to (no model is loaded)."""
-    if cfg.scope not in SCOPES:
-        raise UsageError(f"scope={cfg.scope!r}; expected one of {', '.join(SCOPES)}")
-    if cfg.cost not in COSTS:
-        raise UsageError(f"cost={cfg.cost!r}; expected one of {', '.join(COSTS)}")
-    domain = require_domain(cfg)
-    mc = as_model_config(model_config(cfg))
-    drafter = drafter_config(cfg)
-    settings = search_settings(cfg)
-    proto = protocol(cfg)
-    # The name carries a hash of the search settings (study_name_for) and one of the
-    # protocol, so changing either starts a new study instead of mixing measurements.
-    proto_hash = hashlib.sha1(json.dumps(proto, sort_keys=True).encode()).hexdigest()[:5]
-    name = cfg.get("study_name") or study_name_for(
-        domain=domain.name, model=mc.name, drafter=str(drafter.get("name")), split=cfg.split, settings=settings
-    ) + f".p{proto_hash}"
-    metadata = {
-        "domain": domain.name,
-        "model": model_id_for(mc),
-        "model_name": mc.name,
-        "num_layers": mc.num_layers,
-        "drafter": drafter.get("name"),
-        "drafter_config": drafter,
-        "metric": domain.config.metric,
-        "preset": cfg.search.preset,
-        "split": cfg.split,
-        "protocol": proto,
-    }
-    return name, metadata
-
-
-def _check_protocol(storage: Any, name: str, metadata: dict[str, Any]) -> None:
-    """A stored study measured under another protocol is refused (optuna would mix them)."""
-    try:
-        stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get("metadata") or {}
-    except KeyError:
-        return  # a new study
-    old = stored.get("protocol")
-    if old and old != metadata["protocol"]:
-        diff = {k: (old.get(k), metadata["protocol"].get(k)) for k in PROTOCOL_KEYS if old.get(k) != metadata["protocol"].get(k)}
-        raise UsageError(
-            f"study {name!r} was run with another protocol: "
-            + ", ".join(f"{k} stored {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-            + ". Re-run with the stored values, or start a new study with study_name=<new name>."
-        )
-
 
 def search(cfg: DictConfig) -> SearchResult:
     """Join (or start, or resume) the search this configuration names; write the mapping."""
@@ -104,7 +25,7 @@ def search(cfg: DictConfig) -> SearchResult:
     if cfg.search.get("note"):
         log.warning("%s", cfg.search.note)
     storage = open_storage(cfg.storage, heartbeat_interval=None, grace_period=None)
-    _check_protocol(storage, name, metadata)
+    check_stored_study(storage, name, settings, metadata)  # fail before loading the model
     log.info("study %s (storage %s)", name, cfg.storage or "sqlite:///storage/tss.db")
 
     ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
@@ -113,9 +34,7 @@ def search(cfg: DictConfig) -> SearchResult:
     metadata["model"] = getattr(evaluator, "model_id", metadata["model"])
 
     t0 = time.perf_counter()
-    result = run_search(
-        evaluator, storage=cfg.storage, study_name=name, metadata=metadata, **settings.to_dict()
-    )
+    result = run_search(evaluator, settings, storage=cfg.storage, study_name=name, metadata=metadata)
     print(format_result(result, time.perf_counter() - t0))
     if cfg.write_mapping:
         entry = export_mapping(cfg.storage, name, cfg.mapping_path)

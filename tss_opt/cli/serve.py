@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from tss_opt.cli.common import UsageError, hydra_entry
+from tss_opt.cli.common import hydra_entry
 from tss_opt.cli.generate import format_stats
+from tss_opt.errors import UsageError
 from tss_opt.evaluation.decoding.engine import GenerationResult
 from tss_opt.report.tables import format_skip_set
 from tss_opt.runtime.controller import ControllerResult, TSSController

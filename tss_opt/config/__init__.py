@@ -1,6 +1,25 @@
-"""Configuration: dataclass schemas (Hydra ConfigStore) and the location of ``conf/``."""
+"""Configuration: dataclass schemas (Hydra ConfigStore), string settings as Enums, and the
+location of ``conf/``. Importing it loads no model, metric or database library."""
 
+from tss_opt.config.domain import DomainConfig
+from tss_opt.config.enums import Cost, Scope, StrEnum
+from tss_opt.config.model import ModelConfig, TinyConfig
 from tss_opt.config.paths import config_dir
 from tss_opt.config.schema import SearchPreset, TSSConfig, register_configs
+from tss_opt.config.search import Mode, SearchSettings, Selection
 
-__all__ = ["SearchPreset", "TSSConfig", "config_dir", "register_configs"]
+__all__ = [
+    "Cost",
+    "DomainConfig",
+    "Mode",
+    "ModelConfig",
+    "Scope",
+    "SearchPreset",
+    "SearchSettings",
+    "Selection",
+    "StrEnum",
+    "TSSConfig",
+    "TinyConfig",
+    "config_dir",
+    "register_configs",
+]

@@ -11,9 +11,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from tss_opt.evaluation.domains import DomainConfig
-from tss_opt.models.config import ModelConfig
-from tss_opt.search.settings import SearchSettings
+from tss_opt.config.domain import DomainConfig
+from tss_opt.config.enums import Cost, Scope
+from tss_opt.config.model import ModelConfig
+from tss_opt.config.search import SearchSettings
 
 
 @dataclass
@@ -42,14 +43,14 @@ class TSSConfig:
     domain: DomainConfig | None = None
     drafter: Any = None  # conf/drafter/*.yaml; None = the model's default_drafter
     search: SearchPreset = field(default_factory=SearchPreset)
-    evaluator: Any = field(default_factory=lambda: {"_target_": "tss_opt.cli.common.build_evaluator"})
+    evaluator: Any = field(default_factory=lambda: {"_target_": "tss_opt.assembly.build_evaluator"})
 
     storage: str | None = None  # SQL URL; None = sqlite:///storage/tss.db
     study_name: str | None = None  # None = derived from model, drafter, domain, split, settings
     split: str = "calibration"
-    scope: str = "verify"
+    scope: Scope = Scope.verify
     temperature: float = 0.0
-    cost: str = "analytic"
+    cost: Cost = Cost.analytic
     device: str | None = None  # shortcut for model.device (e.g. cuda:1)
     dtype: str | None = None  # shortcut for model.dtype (e.g. bfloat16)
     threads: int | None = None  # torch CPU threads; None = torch's default

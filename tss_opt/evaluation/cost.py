@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-COSTS = ("analytic", "measured")
+from tss_opt.config.enums import Cost
+
+COSTS = tuple(c.value for c in Cost)
 
 
 def analytic_cost(num_layers: int, skipped: int, accept_length: float) -> float:

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tss_opt.config.domain import DomainConfig
+
 from .metrics import Metric, UnknownMetricError, get_metric
 
 if TYPE_CHECKING:
@@ -55,38 +57,6 @@ SPLITS = ("calibration", "heldout")
 
 class DomainError(ValueError):
     """A domain config or its data is unusable; the message names the value and the fix."""
-
-
-@dataclass
-class DomainConfig:
-    """One domain's settings (the schema of ``conf/domain/*.yaml``).
-
-    Attributes:
-        name: The domain's name, used as the mapping key at run time.
-        data: Where the records come from (``builtin:<file>``, a path, or ``hf:...``).
-        prompt_template: ``str.format`` template over a record's fields -> the user message.
-        system_prompt: Optional system message for chat templates (prepended to plain text
-            otherwise).
-        metric: The search objective, a name in the metrics registry.
-        extra_metrics: Further registered metrics reported beside it.
-        max_new_tokens: Generation length per prompt (greedy).
-        pool_size: Records kept from the start of the data (file order).
-        calibration_size: Prompts used by the skip-set search.
-        heldout_size: Prompts used for the final evaluation, disjoint from calibration.
-        shuffle_seed: ``random.Random`` seed of the pool shuffle that defines the splits.
-    """
-
-    name: str
-    data: str
-    prompt_template: str = "{prompt}"
-    system_prompt: str | None = None
-    metric: str = "rouge_l"
-    extra_metrics: list[str] = field(default_factory=list)
-    max_new_tokens: int = 96
-    pool_size: int = 80
-    calibration_size: int = 16
-    heldout_size: int = 64
-    shuffle_seed: int = 42
 
 
 @dataclass(frozen=True)

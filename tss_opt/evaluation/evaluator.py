@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from tss_opt.evaluation.cost import COSTS, analytic_cost, measured_cost
+from tss_opt.evaluation.decoding.drafter import Drafter
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Example, format_prompt
-from tss_opt.evaluation.drafters.base import Drafter
 from tss_opt.evaluation.metrics import Metric
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Target models as configuration: loading, the embedded default and the tiny test model."""
 
-from tss_opt.models.config import ModelConfig, TinyConfig
+from tss_opt.config.model import ModelConfig, TinyConfig
 from tss_opt.models.loading import (
     LoadedModel,
     ModelLoadError,

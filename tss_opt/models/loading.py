@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.models.config import ModelConfig
+from tss_opt.config.model import ModelConfig
 
 log = logging.getLogger(__name__)
 

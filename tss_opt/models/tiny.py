@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tss_opt.models.config import TinyConfig
+from tss_opt.config.model import TinyConfig
 
 # ChatML, as SmolLM2 uses it, so prompt formatting takes the same path as the real model.
 CHATML_TEMPLATE = (

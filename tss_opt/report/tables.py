@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.evaluator import EvalResult
-    from tss_opt.report.heldout import DomainComparison, HeldoutReport
+    from tss_opt.report.results import DomainComparison, HeldoutReport
 
 __all__ = ["format_skip_set", "markdown_report", "markdown_table", "report_to_dict", "table_rows"]
 

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.evaluation.decoding.drafter import Drafter
 from tss_opt.evaluation.decoding.engine import SCOPES, SpeculativeEngine
 from tss_opt.evaluation.decoding.skip import validate_skip
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Example, format_prompt
-from tss_opt.evaluation.drafters.base import Drafter
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
 from tss_opt.runtime.background import BACKGROUND_PROMPTS
 from tss_opt.runtime.router import DomainRouter, RouteDecision, RouterError, domains_fingerprint
@@ -44,7 +44,7 @@ from tss_opt.runtime.router import DomainRouter, RouteDecision, RouterError, dom
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from tss_opt.cli.common import Runtime
+    from tss_opt.assembly import Assembly
     from tss_opt.evaluation.domains import Domain
 
 __all__ = ["ControllerResult", "TSSController", "load_or_fit_router", "router_cache_path", "router_domains"]
@@ -247,7 +247,7 @@ class TSSController:
     # ----------------------------------------------------------------------------- config
     @classmethod
     def from_config(
-        cls, cfg: DictConfig, *, runtime: Runtime | None = None, with_router: bool | None = None
+        cls, cfg: DictConfig, *, runtime: Assembly | None = None, with_router: bool | None = None
     ) -> TSSController:
         """Build the controller the configuration describes (model, drafter, ``mapping_path``).
 
@@ -262,10 +262,10 @@ class TSSController:
         Raises:
             MappingError: Missing, corrupt or other-model mapping.
         """
-        from tss_opt.cli.common import load_runtime
+        from tss_opt.assembly import assemble
 
         mapping = load_mapping(cfg.mapping_path)  # fail before loading a model for nothing
-        rt = runtime or load_runtime(cfg)
+        rt = runtime or assemble(cfg)
         _check_mapping_model(mapping, rt.loaded.model_id, rt.target.num_layers)
         drafter = rt.drafter_cfg.get("name")
         searched = sorted({e.drafter for e in mapping.entries.values() if e.drafter})
@@ -338,7 +338,7 @@ def router_domains(extra: Iterable[str] = ()) -> list[Domain]:
     return out
 
 
-def load_or_fit_router(rt: Runtime, path: Path, extra_domains: Iterable[str] = ()) -> DomainRouter:
+def load_or_fit_router(rt: Assembly, path: Path, extra_domains: Iterable[str] = ()) -> DomainRouter:
     """The cached router at ``path`` if it matches the model and the domains' prompts, else a
     new one fitted on the domains' calibration prompts (one dense forward each) and saved."""
     domains = router_domains(extra_domains)

@@ -14,13 +14,13 @@ Main entry points:
 
 from __future__ import annotations
 
+from tss_opt.config.search import MODES, SELECTIONS, SearchSettings
 from tss_opt.search.algorithm import Measurement, Thresholds, plan_search
 from tss_opt.search.evaluator import Evaluator, EvaluatorError
+from tss_opt.search.identity import StudyMismatchError, settings_hash, study_name_for
 from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord, load_result
 from tss_opt.search.run import SearchError, run_search
 from tss_opt.search.sampler import BreadthFirstSampler
-from tss_opt.search.settings import MODES, SELECTIONS, SearchSettings, settings_hash
-from tss_opt.search.study import StudyMismatchError, study_name_for
 from tss_opt.search.worker import RetryStaleSkipSetCallback
 
 __all__ = [

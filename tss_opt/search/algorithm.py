@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tss_opt.search.settings import SearchSettings
+from tss_opt.config.search import SearchSettings
 
 __all__ = [
     "Config",

@@ -8,9 +8,9 @@ from typing import Any
 
 import optuna
 
+from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import canonical, pareto_front, select
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
-from tss_opt.search.settings import SearchSettings
 
 __all__ = ["LevelSummary", "SearchResult", "TrialRecord", "build_result", "load_result"]
 
@@ -215,6 +215,6 @@ def load_result(
         state,
         sampler,
         study_name=study_name,
-        selection=selection or settings.selection,
+        selection=str(selection or settings.selection),
         metric_name=str(attrs.get("metric_name", "metric")),
     )

@@ -11,16 +11,14 @@ from typing import Any
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
+from tss_opt.config.search import SearchSettings
 from tss_opt.search.evaluator import Evaluator, describe_evaluator
 from tss_opt.search.progress import Progress
 from tss_opt.search.result import SearchResult, build_result
 from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
-from tss_opt.search.settings import SearchSettings
 from tss_opt.search.study import create_or_load_study
 from tss_opt.search.worker import QueueStudy, RetryStaleSkipSetCallback, Worker
 from tss_opt.storage import (
-    DEFAULT_GRACE_PERIOD,
-    DEFAULT_HEARTBEAT_INTERVAL,
     make_sqlite_safe,
     open_storage,
     unwrap_storage,
@@ -37,26 +35,14 @@ class SearchError(RuntimeError):
 
 def run_search(
     evaluator: Evaluator,
+    settings: SearchSettings | None = None,
     *,
     storage: str | BaseStorage | None,
     study_name: str,
-    mode: str = "exhaustive",
-    beam_width: int = 3,
-    max_depth: int = 5,
-    eps_accept: float = 0.05,
-    eps_metric: float = 0.05,
-    tau_accept: float = 0.05,
-    tau_metric: float = 0.05,
-    relative: bool = True,
-    early_barrier: int = 0,
-    latter_barrier: int = 0,
-    selection: str = "min_cost",
-    max_trials: int | None = None,
     metadata: Mapping[str, Any] | None = None,
-    heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
-    grace_period: int = DEFAULT_GRACE_PERIOD,
     n_workers_hint: int | None = None,
     show_progress: bool = True,
+    **setting_values: Any,
 ) -> SearchResult:
     """Run Algorithm 1 of TSS as Optuna trials, cooperating with other workers.
 
@@ -64,47 +50,41 @@ def run_search(
     search: each configuration is evaluated once, level k starts only when level k-1 is
     complete, a worker that dies mid-trial has its trial re-run once elsewhere, and every
     worker returns the same result when the search is finished. Calling it again on a
-    stored study resumes it without re-evaluating completed trials.
+    stored study resumes it without re-evaluating completed trials; a stored study made with
+    other identity settings or another protocol (``metadata["protocol"]``) is refused with the
+    differences listed (:mod:`tss_opt.search.identity`).
+
+    Settings come as a :class:`SearchSettings`, as keywords named after its fields (the
+    documented form: ``run_search(ev, storage=..., study_name=..., mode="beam",
+    beam_width=3)``), or both (keywords override fields of ``settings``).
 
     Args:
         evaluator: Measures a skip set (see :class:`tss_opt.search.Evaluator`).
+        settings: The search settings; ``None``: defaults plus ``setting_values``.
         storage: A storage URL (``None``: ``sqlite:///storage/tss.db``) or an Optuna storage.
             Several processes need an RDB URL (SQLite file, PostgreSQL, MySQL).
         study_name: The study; see :func:`tss_opt.search.study_name_for`.
-        mode, beam_width, max_depth, eps_accept, eps_metric, tau_accept, tau_metric,
-        relative, early_barrier, latter_barrier, selection, max_trials, heartbeat_interval,
-        grace_period: See :class:`tss_opt.search.SearchSettings`.
-        metadata: Model id, num_layers, drafter, domain, split... stored in the study's user
-            attributes and copied into the mapping by :func:`tss_opt.mapping.export_mapping`.
+        metadata: Model id, num_layers, drafter, domain, split, protocol... stored in the
+            study's user attributes and copied into the mapping by
+            :func:`tss_opt.mapping.export_mapping`.
         n_workers_hint: How many workers are expected (checked against the storage; logged).
         show_progress: Log progress at INFO (else DEBUG) on logger ``tss_opt.search``.
+        **setting_values: :class:`SearchSettings` fields (``mode``, ``beam_width``,
+            ``max_depth``, ``eps_accept``, ``eps_metric``, ``tau_accept``, ``tau_metric``,
+            ``relative``, ``early_barrier``, ``latter_barrier``, ``selection``,
+            ``max_trials``, ``heartbeat_interval``, ``grace_period``, ...).
 
     Returns:
         The :class:`SearchResult`.
 
     Raises:
-        ValueError: Invalid settings or evaluator.
-        tss_opt.search.StudyMismatchError: The stored study has other settings.
+        ValueError: Invalid or unknown settings, or an invalid evaluator.
+        tss_opt.search.StudyMismatchError: The stored study has other settings or protocol.
         tss_opt.storage.StorageError: The storage URL is unparsable or unreachable.
         SearchError: The dense baseline could not be evaluated.
         Exception: Whatever the evaluator raised (the trial is failed and re-queued).
     """
-    settings = SearchSettings(
-        mode=mode,
-        beam_width=beam_width,
-        max_depth=max_depth,
-        eps_accept=eps_accept,
-        eps_metric=eps_metric,
-        tau_accept=tau_accept,
-        tau_metric=tau_metric,
-        relative=relative,
-        early_barrier=early_barrier,
-        latter_barrier=latter_barrier,
-        selection=selection,
-        max_trials=max_trials,
-        heartbeat_interval=heartbeat_interval,
-        grace_period=grace_period,
-    )
+    settings = _settings(settings, setting_values)
     info = describe_evaluator(evaluator)
     settings.validate(info.num_layers)
     if not isinstance(study_name, str) or not study_name:
@@ -136,12 +116,22 @@ def run_search(
             state,
             sampler,
             study_name=study_name,
-            selection=settings.selection,
+            selection=str(settings.selection),
             metric_name=info.metric_name,
         )
         study.set_user_attr("result", result.summary())
         progress.finished(result.stop_reason, result.best, result.pareto, len(result.trials))
         return result
+
+
+def _settings(settings: SearchSettings | None, values: Mapping[str, Any]) -> SearchSettings:
+    if settings is not None and not isinstance(settings, SearchSettings):
+        raise TypeError(
+            f"settings={settings!r} is a {type(settings).__name__}; expected a SearchSettings "
+            "(or pass the settings as keywords)."
+        )
+    base = settings.to_dict() if settings is not None else {}
+    return SearchSettings.from_mapping({**base, **values})
 
 
 @contextlib.contextmanager
@@ -184,9 +174,7 @@ def _storage_for(
             "RetryStaleSkipSetCallback) or pass the URL instead."
         )
     backend.heartbeat_stale_trial_callback = callback
-    backend.failed_trial_callback = callback
     try:
         yield storage
     finally:
         backend.heartbeat_stale_trial_callback = previous
-        backend.failed_trial_callback = previous

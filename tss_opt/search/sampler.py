@@ -36,8 +36,8 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, SearchPlan, canonical, plan_search
-from tss_opt.search.settings import SearchSettings
 from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name, study_lock_key
 from tss_opt.storage import study_lock
 
@@ -77,9 +77,6 @@ class StoredState:
     @property
     def running(self) -> list[FrozenTrial]:
         return [t for ts in self.pending.values() for t in ts if t.state == TrialState.RUNNING]
-
-    def level_of(self, config: Config) -> int:
-        return len(config)
 
 
 class BreadthFirstSampler(BaseSampler):

@@ -15,6 +15,7 @@ import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 
+from tss_opt.config.search import DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL
 from tss_opt.storage.locks import unwrap_storage
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ __all__ = [
 
 # A trial of a killed worker is failed (and retried) 30 to 40 s after its last heartbeat.
 # One heartbeat write every 10 s per running trial is negligible load on any backend.
-DEFAULT_HEARTBEAT_INTERVAL = 10
-DEFAULT_GRACE_PERIOD = 30
 
 
 def heartbeat_enabled(storage: BaseStorage) -> bool:

@@ -7,7 +7,7 @@ study locked:
 
 - PostgreSQL: ``pg_advisory_xact_lock`` held by one transaction;
 - MySQL/MariaDB: ``GET_LOCK`` held by one connection;
-- SQLite: ``fcntl.flock`` on a side file next to the database (``<db>.lock``). A database
+- SQLite: a file lock (``filelock``) on a side file next to the database (``<db>.lock``). A database
   lock such as ``BEGIN IMMEDIATE`` cannot be used here: the section writes through Optuna's
   other connections, which would then wait on the lock we hold;
 - any other storage (in-memory, journal): a lock inside this process only.
@@ -16,16 +16,14 @@ study locked:
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from filelock import FileLock, Timeout
 from sqlalchemy import text
 
 from tss_opt.storage.errors import StorageError
@@ -59,10 +57,10 @@ def sqlite_lock_path(database: str | os.PathLike[str]) -> Path:
 def file_lock(
     path: str | os.PathLike[str], timeout: float = DEFAULT_LOCK_TIMEOUT, *, blocking: bool = True
 ) -> Iterator[bool]:
-    """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing).
+    """Hold an exclusive lock on the file ``path`` (``filelock``: ``flock`` on POSIX).
 
     The lock is released when the block ends or the process dies. It is not re-entrant
-    across open files: never nest two ``file_lock`` on the same path in one process.
+    across lock objects: never nest two ``file_lock`` on the same path in one process.
 
     Yields:
         Whether the lock is held: always ``True`` when ``blocking``; with
@@ -73,34 +71,25 @@ def file_lock(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # thread_local=False: the holder may be released by whichever thread leaves the block.
+    lock = FileLock(path, thread_local=False)
     try:
-        deadline = time.monotonic() + timeout
-        delay = 0.005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-                if not blocking:
-                    yield False
-                    return
-                if time.monotonic() > deadline:
-                    raise StorageError(
-                        f"Timed out after {timeout:.0f} s waiting for the lock file {path}; "
-                        "another process holds it (a stopped process?). Find it with "
-                        f"`fuser {path}` and end it, then retry."
-                    ) from e
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        lock.acquire(timeout=timeout if blocking else 0, poll_interval=0.005)
+    except Timeout as e:
+        if blocking:
+            raise StorageError(
+                f"Timed out after {timeout:.0f} s waiting for the lock file {path}; "
+                "another process holds it (a stopped process?). Find it with "
+                f"`fuser {path}` and end it, then retry."
+            ) from e
+        held = False
+    else:
+        held = True
+    try:
+        yield held
     finally:
-        os.close(fd)
+        if held:
+            lock.release()
 
 
 def _key64(key: str) -> int:

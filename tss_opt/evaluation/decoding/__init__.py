@@ -1,32 +1,35 @@
 """Speculative decoding with a skippable target: prefill, draft, verify, accept, roll back.
 
-Names are re-exported lazily: ``drafters.base`` imports ``decoding.tree`` while the engine
-imports ``drafters.base``; eager imports here would make that a cycle.
+The drafter contract (:class:`Drafter`) sits beside the tree it produces (:class:`DraftTree`);
+the drafters themselves live in the subpackage :mod:`tss_opt.evaluation.decoding.drafters`,
+which imports this package and is never imported by it (no cycle).
 """
 
-from __future__ import annotations
+from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.evaluation.decoding.engine import (
+    SCOPES,
+    GenerationResult,
+    NoDrafter,
+    SpeculativeEngine,
+)
+from tss_opt.evaluation.decoding.skip import SkipController, SkipError, validate_skip
+from tss_opt.evaluation.decoding.stats import DecodeStats
+from tss_opt.evaluation.decoding.target import ContextLengthError, TargetModel
+from tss_opt.evaluation.decoding.tree import ROOT, DraftTree
 
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "SCOPES": "engine",
-    "GenerationResult": "engine",
-    "NoDrafter": "engine",
-    "SpeculativeEngine": "engine",
-    "SkipController": "skip",
-    "SkipError": "skip",
-    "validate_skip": "skip",
-    "DecodeStats": "stats",
-    "ContextLengthError": "target",
-    "TargetModel": "target",
-    "ROOT": "tree",
-    "DraftTree": "tree",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "ROOT",
+    "SCOPES",
+    "ContextLengthError",
+    "DecodeStats",
+    "DraftTree",
+    "Drafter",
+    "GenerationResult",
+    "NoDrafter",
+    "SkipController",
+    "SkipError",
+    "SpeculativeEngine",
+    "TargetModel",
+    "VerifyFeedback",
+    "validate_skip",
+]

@@ -15,15 +15,16 @@ from typing import Literal
 
 import torch
 
+from tss_opt.config.enums import Scope
 from tss_opt.evaluation.decoding.accept import accept_greedy, accept_sampling, sample_token
 from tss_opt.evaluation.decoding.cache import keep_accepted
+from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters.base import Drafter, VerifyFeedback
 
 SkipScope = Literal["verify", "all"]
-SCOPES: tuple[str, ...] = ("verify", "all")
+SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)
 
 
 class NoDrafter(Drafter):

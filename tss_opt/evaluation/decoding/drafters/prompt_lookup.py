@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from tss_opt.evaluation.decoding.drafter import Drafter
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters.base import Drafter
 
 
 class PromptLookupDrafter(Drafter):

@@ -1,34 +1,34 @@
-"""Build drafters from config: one builder per drafter, looked up by name.
+"""Build drafters from config with ``hydra.utils.instantiate``: one builder per drafter.
 
-A drafter config (``conf/drafter/<name>.yaml``) is a mapping with ``name``, an optional
-``_target_`` (dotted path of the builder) and the drafter's settings::
+A drafter config (``conf/drafter/<name>.yaml``) is a mapping with ``name``, ``_target_``
+(dotted path of the builder, instantiated by Hydra) and the drafter's settings::
 
     name: pld
-    _target_: tss_opt.evaluation.drafters.registry.build_pld
+    _target_: tss_opt.evaluation.decoding.drafters.registry.build_pld
     num_tokens: 10
 
-Every builder takes ``(target, loaded, **settings)``. Adding a drafter: write the class,
-write a builder here decorated with :func:`register_drafter`, add ``conf/drafter/<name>.yaml``
-(see docs/drafters.md).
+Every builder takes ``(target, loaded, **settings)``. A config without ``_target_`` takes the
+one of the shipped ``conf/drafter/<name>.yaml`` (the drafter names are data, not code). Adding
+a drafter: write the class and a builder (here, or anywhere importable), add
+``conf/drafter/<name>.yaml`` (see docs/drafters.md).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tss_opt.evaluation.drafters.base import Drafter
+from tss_opt.config import config_dir
+from tss_opt.evaluation.decoding.drafter import Drafter
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.decoding.target import TargetModel
     from tss_opt.models.loading import LoadedModel
 
 DrafterBuilder = Callable[..., Drafter]
-_BUILDERS: dict[str, DrafterBuilder] = {}
 _RESERVED = ("name", "_target_")
 MISSING = "???"  # OmegaConf's mandatory value, when a config was converted with resolve only
 
@@ -37,68 +37,53 @@ class DrafterConfigError(ValueError):
     """A drafter config names an unknown drafter or gives settings it does not take."""
 
 
-def register_drafter(name: str) -> Callable[[DrafterBuilder], DrafterBuilder]:
-    """Decorator: make ``builder`` available as drafter ``name``."""
-
-    def deco(builder: DrafterBuilder) -> DrafterBuilder:
-        if name in _BUILDERS and _BUILDERS[name] is not builder:
-            raise DrafterConfigError(f"drafter {name!r} is registered twice")
-        _BUILDERS[name] = builder
-        return builder
-
-    return deco
-
-
 def available_drafters() -> list[str]:
-    """Names accepted by :func:`build_drafter`."""
-    return sorted(_BUILDERS)
+    """The shipped drafter configs (``conf/drafter/*.yaml``), by name."""
+    return sorted(p.stem for p in (config_dir() / "drafter").glob("*.yaml"))
 
 
 def _to_plain(cfg: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     return dict(cfg)
 
 
-def _resolve(path: str) -> DrafterBuilder:
-    module, _, attr = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise DrafterConfigError(f"drafter _target_={path!r} cannot be imported: {e}") from e
+def _shipped_target(name: Any) -> str:
+    from omegaconf import OmegaConf
 
-
-def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedModel) -> Drafter:
-    """Build the drafter described by ``cfg``.
-
-    Args:
-        cfg: ``name`` (a registered drafter) plus settings; ``_target_`` (a dotted builder
-            path) may replace the lookup by name, for drafters defined outside this package.
-        target: the verifier (self-drafting and EAGLE use its model).
-        loaded: the loaded target model with its config and tokenizer.
-
-    Raises:
-        DrafterConfigError: unknown name (the message lists the available ones), a setting
-            the builder does not take, or a mandatory setting (``???``) that the chosen
-            options need.
-    """
-    plain = _to_plain(cfg)
-    name = plain.get("name")
-    target_path = plain.get("_target_")
-    if target_path:
-        builder = _resolve(str(target_path))
-    elif name in _BUILDERS:
-        builder = _BUILDERS[str(name)]
-    else:
+    if name not in available_drafters():
         raise DrafterConfigError(
             f"unknown drafter {name!r}; available: {', '.join(available_drafters())}. "
             "Set drafter.name to one of them (or give drafter._target_ for your own builder)"
         )
+    return str(OmegaConf.load(config_dir() / "drafter" / f"{name}.yaml")["_target_"])
+
+
+def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedModel) -> Drafter:
+    """Build the drafter described by ``cfg`` (``hydra.utils.instantiate`` of its ``_target_``).
+
+    Args:
+        cfg: ``_target_`` (a dotted builder path) plus settings; ``name`` alone selects a
+            shipped config's builder.
+        target: the verifier (self-drafting and EAGLE use its model).
+        loaded: the loaded target model with its config and tokenizer.
+
+    Raises:
+        DrafterConfigError: unknown name (the message lists the available ones), a builder
+            that cannot be imported, a setting the builder does not take, or a mandatory
+            setting (``???``) that the chosen options need.
+    """
+    import hydra.utils
+
+    plain = _to_plain(cfg)
+    name = plain.get("name")
+    target_path = str(plain.get("_target_") or _shipped_target(name))
+    try:
+        builder = hydra.utils.get_method(target_path)
+    except Exception as e:  # Hydra raises ImportError or its own error types
+        raise DrafterConfigError(f"drafter _target_={target_path!r} cannot be imported: {e}") from e
     # A mandatory value left unset ("???") is dropped: the builder's default applies and the
     # builder says what is missing when it is really needed (eagle's path unless random_init).
     settings = {
@@ -114,11 +99,14 @@ def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedMod
             raise DrafterConfigError(
                 f"drafter {name!r} does not take setting(s) {', '.join(extra)}; it takes: {', '.join(accepted)}"
             )
-    return builder(target=target, loaded=loaded, **settings)
+    # _convert_="all": builders receive plain dicts and lists, not OmegaConf containers. The
+    # model objects are passed to the partial, not to instantiate, which would turn the
+    # LoadedModel dataclass into a config node; the builder's own errors then stay unwrapped.
+    make = hydra.utils.instantiate({"_target_": target_path, **settings}, _partial_=True, _convert_="all")
+    return make(target=target, loaded=loaded)
 
 
 # ----------------------------------------------------------------------------- builders
-@register_drafter("pld")
 def build_pld(
     target: TargetModel,
     loaded: LoadedModel,
@@ -127,7 +115,7 @@ def build_pld(
     min_ngram: int = 1,
 ) -> Drafter:
     """Prompt lookup (model-free chain)."""
-    from tss_opt.evaluation.drafters.prompt_lookup import PromptLookupDrafter
+    from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
     return PromptLookupDrafter(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram)
 
@@ -147,7 +135,6 @@ def _cached_weights(key: str, load: Callable[[], Any], owner: Any = None) -> Any
     return store[key]
 
 
-@register_drafter("draft_model")
 def build_draft_model(
     target: TargetModel,
     loaded: LoadedModel,
@@ -157,7 +144,7 @@ def build_draft_model(
     seed: int = 0,
 ) -> Drafter:
     """A separate small causal LM with the target's vocabulary; ``model`` is a model config."""
-    from tss_opt.evaluation.drafters.draft_model import DraftModelDrafter
+    from tss_opt.evaluation.decoding.drafters.draft_model import DraftModelDrafter
     from tss_opt.models import load_model
 
     if not model:
@@ -182,7 +169,6 @@ def build_draft_model(
     )
 
 
-@register_drafter("self")
 def build_self(
     target: TargetModel,
     loaded: LoadedModel,
@@ -192,7 +178,7 @@ def build_self(
     seed: int = 0,
 ) -> Drafter:
     """Self-drafting: the target under a larger skip set (its own KV cache)."""
-    from tss_opt.evaluation.drafters.draft_model import SelfDrafter
+    from tss_opt.evaluation.decoding.drafters.draft_model import SelfDrafter
 
     return SelfDrafter(
         target.model,
@@ -204,7 +190,6 @@ def build_self(
     )
 
 
-@register_drafter("token_recycle")
 def build_token_recycle(
     target: TargetModel,
     loaded: LoadedModel,
@@ -214,14 +199,13 @@ def build_token_recycle(
     max_nodes: int | None = None,
 ) -> Drafter:
     """Token Recycling over a static template."""
-    from tss_opt.evaluation.drafters.token_recycle import TokenRecycleDrafter
+    from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
 
     return TokenRecycleDrafter(
         template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes
     )
 
 
-@register_drafter("samd")
 def build_samd(
     target: TargetModel,
     loaded: LoadedModel,
@@ -232,14 +216,13 @@ def build_samd(
     keep_table: bool = True,
 ) -> Drafter:
     """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle")."""
-    from tss_opt.evaluation.drafters.sam import SamdDrafter
-    from tss_opt.evaluation.drafters.token_recycle import TokenRecycleDrafter
+    from tss_opt.evaluation.decoding.drafters.sam import SamdDrafter
+    from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
 
     fallback = TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
     return SamdDrafter(threshold=threshold, num_tokens=num_tokens, fallback=fallback)
 
 
-@register_drafter("eagle")
 def build_eagle(
     target: TargetModel,
     loaded: LoadedModel,
@@ -251,7 +234,11 @@ def build_eagle(
     top_k: int = 8,
 ) -> Drafter:
     """EAGLE-1 head from ``path`` (or a random head with ``random_init``), EAGLE-2 tree."""
-    from tss_opt.evaluation.drafters.eagle import EagleDrafter, load_eagle_head, random_eagle_head
+    from tss_opt.evaluation.decoding.drafters.eagle import (
+        EagleDrafter,
+        load_eagle_head,
+        random_eagle_head,
+    )
 
     if random_init:
         head = _cached_weights(f"random:{seed}", lambda: random_eagle_head(target.model, seed=seed), target.model)

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters import (
+from tss_opt.evaluation.decoding.drafters import (
     TemplateError,
     TokenRecycleDrafter,
     TreeTemplate,
     VerifyFeedback,
     load_template,
 )
-from tss_opt.evaluation.drafters.templates import best_first_template, builtin_templates
-from tss_opt.evaluation.drafters.token_recycle import AdjacencyTable
+from tss_opt.evaluation.decoding.drafters.templates import best_first_template, builtin_templates
+from tss_opt.evaluation.decoding.drafters.token_recycle import AdjacencyTable
+from tss_opt.evaluation.decoding.tree import DraftTree
 
 V = 10
 
@@ -195,7 +195,7 @@ def test_builtin_large_template_shape() -> None:
     # The shipped JSON is exactly what the documented builder produces.
     data = json.loads(
         (
-            Path(__file__).resolve().parents[2] / "tss_opt/data/trees/token_recycle_large.json"
+            Path(__file__).resolve().parents[3] / "tss_opt/data/trees/token_recycle_large.json"
         ).read_text()
     )
     rebuilt = best_first_template([0.5, 0.2, 0.1, 0.06, 0.04, 0.03, 0.02, 0.02], 72, 6)

@@ -15,9 +15,13 @@ from typing import Any
 
 import torch
 
+from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.evaluation.decoding.drafters.templates import (
+    TemplateError,
+    TreeTemplate,
+    load_template,
+)
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters.base import Drafter, VerifyFeedback
-from tss_opt.evaluation.drafters.templates import TemplateError, TreeTemplate, load_template
 
 DEFAULT_TEMPLATE = "builtin:token_recycle_15.json"
 

@@ -2,7 +2,7 @@
 
 A drafter is as easy to add as transformers' ``CandidateGenerator``: subclass
 :class:`Drafter`, implement :meth:`Drafter.propose` (and, when it learns online,
-:meth:`Drafter.update`), and register it in :mod:`tss_opt.evaluation.drafters.registry`.
+:meth:`Drafter.update`), and register it in :mod:`tss_opt.evaluation.decoding.drafters.registry`.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from tss_opt.evaluation.decoding.cache import SkipAwareCache, crop_to
+from tss_opt.evaluation.decoding.drafter import Drafter
 from tss_opt.evaluation.decoding.skip import SkipController
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters.base import Drafter
 
 
 class DraftModelDrafter(Drafter):

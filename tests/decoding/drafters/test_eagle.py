@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters import (
+from tss_opt.evaluation.decoding.drafters import (
     EagleDrafter,
     EagleHead,
     EagleHeadError,
@@ -21,6 +18,9 @@ from tss_opt.evaluation.drafters import (
     random_eagle_head,
     save_eagle_head,
 )
+from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.evaluation.decoding.tree import DraftTree
 from tss_opt.models import LoadedModel
 
 EOS = 258

@@ -23,19 +23,47 @@ selection          S* rule              "min_cost" (Algorithm 1); Table 3 uses
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
-from tss_opt.storage.heartbeat import DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL
+from tss_opt.config.enums import StrEnum
 
-__all__ = ["IDENTITY_FIELDS", "MODES", "SELECTIONS", "SearchSettings", "settings_hash"]
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_HEARTBEAT_INTERVAL",
+    "IDENTITY_FIELDS",
+    "MODES",
+    "SELECTIONS",
+    "Mode",
+    "SearchSettings",
+    "Selection",
+]
 
-MODES = ("exhaustive", "beam")
-SELECTIONS = ("min_cost", "triple_win")
+# Heartbeats of running trials (seconds): a trial whose worker went silent for the grace
+# period counts as crashed and is retried once (tss_opt.storage.heartbeat).
+DEFAULT_HEARTBEAT_INTERVAL = 10
+DEFAULT_GRACE_PERIOD = 30
+
+
+class Mode(StrEnum):
+    """How levels >= 2 are built (see :class:`SearchSettings`)."""
+
+    exhaustive = "exhaustive"
+    beam = "beam"
+
+
+class Selection(StrEnum):
+    """The rule that picks S* among the evaluated configurations."""
+
+    min_cost = "min_cost"
+    triple_win = "triple_win"
+
+
+MODES = tuple(m.value for m in Mode)
+SELECTIONS = tuple(m.value for m in Selection)
 
 # Settings that decide which configurations are evaluated. A stored study is resumed only
 # with the same values; `selection` is not among them because it only reads the stored
@@ -82,7 +110,7 @@ class SearchSettings:
             and is retried once.
     """
 
-    mode: str = "exhaustive"
+    mode: Mode = Mode.exhaustive
     beam_width: int = 3
     max_depth: int = 5
     eps_accept: float = 0.05
@@ -92,7 +120,7 @@ class SearchSettings:
     relative: bool = True
     early_barrier: int = 0
     latter_barrier: int = 0
-    selection: str = "min_cost"
+    selection: Selection = Selection.min_cost
     max_trials: int | None = None
     heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL
     grace_period: int = DEFAULT_GRACE_PERIOD
@@ -107,8 +135,8 @@ class SearchSettings:
             ValueError: A field is out of range or unknown; the message names the value,
                 what was expected and how to fix it.
         """
-        _choice("mode", self.mode, MODES)
-        _choice("selection", self.selection, SELECTIONS)
+        self.mode = Mode.parse("mode", self.mode)
+        self.selection = Selection.parse("selection", self.selection)
         _int("beam_width", self.beam_width, minimum=1)
         _int("max_depth", self.max_depth, minimum=1)
         _int("early_barrier", self.early_barrier, minimum=0)
@@ -143,11 +171,11 @@ class SearchSettings:
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide which configurations are evaluated (stored per study)."""
-        return {name: getattr(self, name) for name in IDENTITY_FIELDS}
+        return {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a plain dict."""
-        return dataclasses.asdict(self)
+        """All fields as a plain dict (Enum members as their string values)."""
+        return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> SearchSettings:
@@ -161,14 +189,8 @@ class SearchSettings:
         return cls(**dict(values))
 
 
-def settings_hash(settings: SearchSettings | Mapping[str, Any] | None, length: int = 7) -> str:
-    """A short stable hash of the identity settings (hex digits)."""
-    if settings is None:
-        settings = SearchSettings()
-    if isinstance(settings, Mapping):
-        settings = SearchSettings.from_mapping(settings)
-    blob = json.dumps(settings.identity(), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha1(blob.encode()).hexdigest()[:length]
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
 
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:

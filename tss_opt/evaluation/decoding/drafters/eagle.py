@@ -32,8 +32,8 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from tss_opt.evaluation.decoding.cache import crop_to
+from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters.base import Drafter, VerifyFeedback
 
 CONFIG_FILE = "config.json"
 WEIGHTS_BIN = "pytorch_model.bin"

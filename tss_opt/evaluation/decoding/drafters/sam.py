@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import torch
 
+from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
 from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.drafters.base import Drafter, VerifyFeedback
-from tss_opt.evaluation.drafters.token_recycle import TokenRecycleDrafter
 
 
 class SuffixAutomaton:

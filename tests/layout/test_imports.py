@@ -1,0 +1,150 @@
+"""The layout's rules, read from the code's own imports (parsed with ``ast``, nothing imported).
+
+- No library module imports ``tss_opt.cli``: commands are thin wrappers over the library.
+- No import cycle between packages (each folder under ``tss_opt/`` is a package; a top-level
+  module such as ``tss_opt/assembly.py`` is a unit of its own). Imports inside functions
+  count too; imports under ``if TYPE_CHECKING:`` do not (they never run).
+- ``import tss_opt.config`` loads no torch, transformers, optuna, sqlalchemy or metric library.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "tss_opt"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit(module: str) -> str:
+    """The package a module belongs to: its folder, or itself for a top-level module."""
+    path = PKG.parent.joinpath(*module.split("."))
+    if path.is_dir():
+        return module
+    parent = module.rpartition(".")[0]
+    return module if parent == "tss_opt" else parent
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, module: str) -> set[str]:
+    """Project modules imported by ``tree`` (relative imports resolved), TYPE_CHECKING skipped."""
+    found: set[str] = set()
+    package = module if (PKG.parent / Path(*module.split(".")) / "__init__.py").exists() else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "tss_opt")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name.split(".")[0] == "tss_opt":
+                found.add(name)
+                # `from tss_opt.x import y` may import the submodule tss_opt.x.y
+                for a in node.names:
+                    sub = f"{name}.{a.name}"
+                    p = PKG.parent / Path(*sub.split("."))
+                    if p.with_suffix(".py").exists() or p.is_dir():
+                        found.add(sub)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(PKG.rglob("*.py")):
+        module = _module_name(path)
+        for imported in _imports(ast.parse(path.read_text(), str(path)), module):
+            edges[module].add(imported)
+    return edges
+
+
+def test_no_library_module_imports_the_cli() -> None:
+    offenders = sorted(
+        f"{m} imports {i}"
+        for m, imports in _graph().items()
+        if not (m == "tss_opt.__main__" or m == "tss_opt.cli" or m.startswith("tss_opt.cli."))
+        for i in imports
+        if i == "tss_opt.cli" or i.startswith("tss_opt.cli.")
+    )
+    assert offenders == []
+
+
+def _package_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    units: dict[str, set[str]] = defaultdict(set)
+    for m, imports in edges.items():
+        for i in imports:
+            a, b = _unit(m), _unit(i)
+            # A subpackage importing its parent (decoding.drafters -> decoding) is the normal
+            # direction; the parent importing the child would close a cycle and is counted.
+            if a != b:
+                units[a].add(b)
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(u: str) -> None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(units.get(u, ())):
+            if state.get(v) == 1:
+                cycles.append(stack[stack.index(v) :] + [v])
+            elif v not in state:
+                dfs(v)
+        stack.pop()
+        state[u] = 2
+
+    for u in sorted(units):
+        if u not in state:
+            dfs(u)
+    return cycles
+
+
+def test_no_import_cycle_between_packages() -> None:
+    assert _package_cycles(_graph()) == []
+
+
+def test_cycle_check_can_fail() -> None:
+    # The check itself finds a planted cycle (and ignores a child importing its parent).
+    edges = {
+        "tss_opt.search.run": {"tss_opt.mapping.io"},
+        "tss_opt.mapping.io": {"tss_opt.search.result"},
+        "tss_opt.evaluation.decoding.drafters.pld": {"tss_opt.evaluation.decoding.tree"},
+    }
+    assert _package_cycles(edges) == [["tss_opt.mapping", "tss_opt.search", "tss_opt.mapping"]]
+
+
+@pytest.mark.timeout(120)
+def test_config_import_is_light() -> None:
+    heavy = ["torch", "transformers", "optuna", "sqlalchemy", "nltk", "sacrebleu", "rouge_score"]
+    code = (
+        "import sys, tss_opt.config\n"
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

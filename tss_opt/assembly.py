@@ -1,0 +1,233 @@
+"""Assembling a run from the composed configuration: model, target, drafter, domain,
+evaluator and the study's identity.
+
+Every command (``tss_opt.cli``), the runtime controller and the benchmarks build what they
+run through these functions, so one configuration always means one model, one drafter and
+one protocol. Nothing here parses the command line: the functions take the composed
+configuration (a ``DictConfig`` of :class:`tss_opt.config.TSSConfig`) and tests call them
+without Hydra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tss_opt.config import SearchSettings, config_dir
+from tss_opt.errors import UsageError
+
+if TYPE_CHECKING:
+    from tss_opt.evaluation.decoding import Drafter, TargetModel
+    from tss_opt.evaluation.domains import Domain
+    from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+    from tss_opt.models import LoadedModel
+
+__all__ = [
+    "Assembly",
+    "assemble",
+    "build_evaluator",
+    "compose_config",
+    "drafter_config",
+    "model_config",
+    "protocol",
+    "require_domain",
+    "search_settings",
+    "study_identity",
+]
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The shipped configuration composed with command-line style ``overrides`` (no command).
+
+    For scripts and benchmarks: ``assemble(compose_config(["dtype=bfloat16"]))`` loads what
+    ``python -m tss_opt.cli.generate dtype=bfloat16`` would.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tss_opt.config import register_configs
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=list(overrides))
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def model_config(cfg: DictConfig) -> DictConfig:
+    """``model`` with the top-level ``device=`` / ``dtype=`` shortcuts applied."""
+    mc = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(mc, dict)
+    if cfg.get("device"):
+        mc["device"] = cfg.device
+    if cfg.get("dtype"):
+        mc["dtype"] = cfg.dtype
+    return OmegaConf.create(mc)
+
+
+def require_domain(cfg: DictConfig) -> Domain:
+    """The configured domain, loaded; a missing ``+domain=`` is a :class:`UsageError`."""
+    from tss_opt.evaluation.domains import available_domains, load_domain
+
+    if cfg.get("domain") is None:
+        names = available_domains([config_dir()])
+        raise UsageError(f"no domain chosen; add +domain=NAME (available: {', '.join(names)})")
+    domain_cfg = OmegaConf.to_container(cfg.domain, resolve=True)
+    return load_domain(domain_cfg)
+
+
+def drafter_config(cfg: DictConfig) -> dict[str, Any]:
+    """The chosen drafter's settings, or the model's default drafter's (``conf/drafter/``)."""
+    if cfg.get("drafter") is not None:
+        out = OmegaConf.to_container(cfg.drafter, resolve=True)
+    else:
+        from hydra import compose
+        from hydra.core.global_hydra import GlobalHydra
+
+        name = cfg.model.default_drafter
+        if GlobalHydra.instance().is_initialized():
+            out = OmegaConf.to_container(compose(config_name=f"drafter/{name}").drafter, resolve=True)
+        else:
+            out = OmegaConf.to_container(OmegaConf.load(config_dir() / "drafter" / f"{name}.yaml"), resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+@dataclass
+class Assembly:
+    """A loaded target with its drafter factory: what every decoding command needs.
+
+    Attributes:
+        loaded: The model, its tokenizer and config.
+        target: The verifier with its skip mechanism.
+        drafter_cfg: The drafter's config (``conf/drafter/<name>.yaml`` with overrides).
+    """
+
+    loaded: LoadedModel
+    target: TargetModel
+    drafter_cfg: dict[str, Any]
+
+    def new_drafter(self) -> Drafter | None:
+        """A fresh drafter (its own state); weights it only reads are shared per process."""
+        from tss_opt.evaluation.decoding.drafters import build_drafter
+
+        return build_drafter(self.drafter_cfg, self.target, self.loaded)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.loaded.model.generation_config.eos_token_id
+        if ids is None:
+            ids = self.loaded.tokenizer.eos_token_id
+        return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+
+
+def assemble(cfg: DictConfig) -> Assembly:
+    """Load the configured model and wrap it as a skippable target with its drafter config."""
+    from tss_opt.evaluation.decoding import TargetModel
+    from tss_opt.models import load_model
+
+    loaded = load_model(model_config(cfg))
+    target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
+    return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
+
+
+def build_evaluator(
+    cfg: DictConfig,
+    runtime: Assembly | None = None,
+    split: str | None = None,
+    prompts: int | None = None,
+) -> SpecDecodeEvaluator:
+    """The default trial evaluator (``evaluator._target_``): speculative decoding over the
+    domain's split with the configured model and drafter.
+
+    Args:
+        cfg: The composed configuration.
+        runtime: An already assembled model (default: :func:`assemble`).
+        split: The domain split (default ``cfg.split``).
+        prompts: How many prompts of the split (default ``cfg.search.prompts``, an upper bound).
+    """
+    from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+
+    domain = require_domain(cfg)
+    rt = runtime or assemble(cfg)
+    split = split or cfg.split
+    examples = domain.split(split)
+    n = prompts if prompts is not None else cfg.search.get("prompts")
+    if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
+        examples = examples[:n]
+    max_new = cfg.get("max_new_tokens") or cfg.search.get("max_new_tokens") or domain.config.max_new_tokens
+    return SpecDecodeEvaluator(
+        rt.target,
+        rt.loaded.tokenizer,
+        rt.new_drafter,
+        examples,
+        domain.metric,
+        extra_metrics=domain.extra_metrics,
+        max_new_tokens=int(max_new),
+        scope=str(cfg.scope),
+        temperature=cfg.temperature,
+        cost=str(cfg.cost),
+        eos_token_ids=rt.eos_token_ids,
+        system_prompt=domain.config.system_prompt,
+    )
+
+
+# ------------------------------------------------------------------------ study identity
+def search_settings(cfg: DictConfig) -> SearchSettings:
+    """The :class:`SearchSettings` part of the ``search`` preset (protocol knobs left out)."""
+    names = {f.name for f in fields(SearchSettings)}
+    values = OmegaConf.to_container(cfg.search, resolve=True)
+    assert isinstance(values, dict)
+    return SearchSettings(**{k: v for k, v in values.items() if k in names})
+
+
+def protocol(cfg: DictConfig) -> dict[str, Any]:
+    """What one trial measures (:data:`tss_opt.search.identity.PROTOCOL_KEYS`)."""
+    from tss_opt.models import as_model_config
+
+    domain = require_domain(cfg)
+    mc = as_model_config(model_config(cfg))
+    return {
+        "prompts": min(cfg.search.prompts or domain.config.calibration_size, domain.config.calibration_size),
+        "max_new_tokens": cfg.get("max_new_tokens") or cfg.search.max_new_tokens or domain.config.max_new_tokens,
+        "split": cfg.split,
+        "scope": str(cfg.scope),
+        "cost": str(cfg.cost),
+        "temperature": float(cfg.temperature),
+        "dtype": mc.dtype,
+    }
+
+
+def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
+    """The study name and metadata a configuration maps to (no model is loaded).
+
+    The name carries a hash of the search settings (:func:`tss_opt.search.study_name_for`) and
+    one of the protocol, so changing either starts a new study instead of mixing measurements.
+    """
+    from tss_opt.models import as_model_config, model_id_for
+    from tss_opt.search.identity import protocol_hash, study_name_for
+
+    domain = require_domain(cfg)
+    mc = as_model_config(model_config(cfg))
+    drafter = drafter_config(cfg)
+    settings = search_settings(cfg)
+    proto = protocol(cfg)
+    name = cfg.get("study_name") or study_name_for(
+        domain=domain.name, model=mc.name, drafter=str(drafter.get("name")), split=cfg.split, settings=settings
+    ) + f".p{protocol_hash(proto)}"
+    metadata = {
+        "domain": domain.name,
+        "model": model_id_for(mc),
+        "model_name": mc.name,
+        "num_layers": mc.num_layers,
+        "drafter": drafter.get("name"),
+        "drafter_config": drafter,
+        "metric": domain.config.metric,
+        "preset": cfg.search.preset,
+        "split": cfg.split,
+        "protocol": proto,
+    }
+    return name, metadata

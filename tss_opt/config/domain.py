@@ -1,0 +1,43 @@
+"""The domain schema (``conf/domain/*.yaml``): data, prompt template, metric and split sizes.
+
+Loading the data and splitting it is :mod:`tss_opt.evaluation.domains`; this module is only
+the schema, so that composing a configuration imports no model or metric library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["DomainConfig"]
+
+
+@dataclass
+class DomainConfig:
+    """One domain's settings (the schema of ``conf/domain/*.yaml``).
+
+    Attributes:
+        name: The domain's name, used as the mapping key at run time.
+        data: Where the records come from (``builtin:<file>``, a path, or ``hf:...``).
+        prompt_template: ``str.format`` template over a record's fields -> the user message.
+        system_prompt: Optional system message for chat templates (prepended to plain text
+            otherwise).
+        metric: The search objective, a name in the metrics registry.
+        extra_metrics: Further registered metrics reported beside it.
+        max_new_tokens: Generation length per prompt (greedy).
+        pool_size: Records kept from the start of the data (file order).
+        calibration_size: Prompts used by the skip-set search.
+        heldout_size: Prompts used for the final evaluation, disjoint from calibration.
+        shuffle_seed: ``random.Random`` seed of the pool shuffle that defines the splits.
+    """
+
+    name: str
+    data: str
+    prompt_template: str = "{prompt}"
+    system_prompt: str | None = None
+    metric: str = "rouge_l"
+    extra_metrics: list[str] = field(default_factory=list)
+    max_new_tokens: int = 96
+    pool_size: int = 80
+    calibration_size: int = 16
+    heldout_size: int = 64
+    shuffle_seed: int = 42

@@ -1,0 +1,50 @@
+"""String settings as Enums, so that Hydra validates them at compose time."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+__all__ = ["Cost", "Scope", "StrEnum"]
+
+
+class StrEnum(str, Enum):
+    """A string-valued Enum that prints as its value (``f"{Mode.beam}"`` is ``beam``).
+
+    Hydra/OmegaConf validate Enum-typed config fields by member name, so a misspelt value fails
+    at compose time with the options listed; member names equal their values so that
+    ``mode=beam`` on the command line and ``Mode.beam == "beam"`` both hold.
+    """
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def parse(cls, name: str, value: Any) -> Any:
+        """``value`` as a member of this Enum, or a ValueError naming the options."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            options = ", ".join(m.value for m in cls)
+            raise ValueError(f"Unknown {name} {value!r}; expected one of: {options}.") from None
+
+
+class Scope(StrEnum):
+    """Where the skip set applies: ``verify`` (dense prefill, sparse verification: the paper)
+    or ``all`` (every target forward, prefill included)."""
+
+    verify = "verify"
+    all = "all"
+
+
+class Cost(StrEnum):
+    """How a trial's verification cost C(S) is measured: ``analytic`` (share of layer
+    forwards kept, deterministic) or ``measured`` (timed verification forwards)."""
+
+    analytic = "analytic"
+    measured = "measured"
