@@ -52,6 +52,11 @@ def run_search(
     latter_barrier: int = 0,
     selection: str = "min_cost",
     max_trials: int | None = None,
+    feasibility: str = "paired",
+    confidence: float = 0.9,
+    max_repetition_increase: float = 0.1,
+    early_stopping: bool = True,
+    early_stop_chunk: int = 4,
     metadata: Mapping[str, Any] | None = None,
     heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
     grace_period: int = DEFAULT_GRACE_PERIOD,
@@ -72,8 +77,9 @@ def run_search(
             Several processes need an RDB URL (SQLite file, PostgreSQL, MySQL).
         study_name: The study; see :func:`tss_opt.search.study_name_for`.
         mode, beam_width, max_depth, eps_accept, eps_metric, tau_accept, tau_metric,
-        relative, early_barrier, latter_barrier, selection, max_trials, heartbeat_interval,
-        grace_period: See :class:`tss_opt.search.SearchSettings`.
+        relative, early_barrier, latter_barrier, selection, max_trials, feasibility,
+        confidence, max_repetition_increase, early_stopping, early_stop_chunk,
+        heartbeat_interval, grace_period: See :class:`tss_opt.search.SearchSettings`.
         metadata: Model id, num_layers, drafter, domain, split... stored in the study's user
             attributes and copied into the mapping by :func:`tss_opt.mapping.export_mapping`.
         n_workers_hint: How many workers are expected (checked against the storage; logged).
@@ -83,10 +89,12 @@ def run_search(
         The :class:`SearchResult`.
 
     Raises:
-        ValueError: Invalid settings or evaluator.
+        ValueError: Invalid settings or evaluator (e.g. ``confidence`` outside (0.5, 1)).
         tss_opt.search.StudyMismatchError: The stored study has other settings.
         tss_opt.storage.StorageError: The storage URL is unparsable or unreachable.
         SearchError: The dense baseline could not be evaluated.
+        tss_opt.search.EvaluatorError: A malformed answer, e.g. a ``per_prompt`` whose
+            length differs from the dense run's.
         Exception: Whatever the evaluator raised (the trial is failed and re-queued).
     """
     settings = SearchSettings(
@@ -102,6 +110,11 @@ def run_search(
         latter_barrier=latter_barrier,
         selection=selection,
         max_trials=max_trials,
+        feasibility=feasibility,
+        confidence=confidence,
+        max_repetition_increase=max_repetition_increase,
+        early_stopping=early_stopping,
+        early_stop_chunk=early_stop_chunk,
         heartbeat_interval=heartbeat_interval,
         grace_period=grace_period,
     )

@@ -21,7 +21,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tss_opt.search.algorithm import Config
 from tss_opt.search.evaluator import EvaluatorInfo, to_json
-from tss_opt.search.settings import IDENTITY_FIELDS, SearchSettings, settings_hash
+from tss_opt.search.settings import (
+    IDENTITY_FIELDS,
+    LEGACY_IDENTITY,
+    SearchSettings,
+    settings_hash,
+)
 from tss_opt.storage import storage_url, study_lock
 
 __all__ = [
@@ -191,8 +196,15 @@ def _check_same_search(
     diffs: list[str] = []
     stored = attrs.get("search_settings", {})
     for name in IDENTITY_FIELDS:
-        if name in stored and stored[name] != getattr(settings, name):
-            diffs.append(f"{name}: stored {stored[name]!r}, requested {getattr(settings, name)!r}")
+        # A field the stored settings lack (an older study) counts as its legacy value.
+        if name in stored:
+            value = stored[name]
+        elif name in LEGACY_IDENTITY:
+            value = LEGACY_IDENTITY[name]
+        else:
+            continue
+        if value != getattr(settings, name):
+            diffs.append(f"{name}: stored {value!r}, requested {getattr(settings, name)!r}")
     for key, value in (
         ("num_layers", info.num_layers),
         ("metric_name", info.metric_name),
