@@ -5,7 +5,14 @@ prompt_ids=[...])`` (see :class:`~tss_opt.search.Evaluator`). Prompts are then e
 their fixed order, ``early_stop_chunk`` at a time; after each chunk, a skip set that is already
 infeasible at the configured confidence
 (:meth:`~tss_opt.search.feasibility.PairedFeasibility.hopeless`) stops, and its remaining
-prompts are never generated. The dense baseline runs every prompt (in the same chunks, so dense
+prompts are never generated.
+
+The stop test spends the error rate over the looks (Bonferroni): with ``k`` interim looks
+(``ceil(num_prompts / chunk) - 1``) each look uses the one-sided confidence
+``1 - (1 - confidence) / k``. A set whose true mean loss is within the tolerance is then
+stopped with probability at most ``1 - confidence`` over all looks (at the boundary; far less
+with a margin), so early stopping rarely changes which sets are feasible, and a stopped set is
+always recorded infeasible. The dense baseline runs every prompt (in the same chunks, so dense
 and skip sets are measured the same way) and is never stopped.
 
 Aggregates of a chunked evaluation are prompt-weighted means of the chunks' aggregates: exact
@@ -18,6 +25,7 @@ No Optuna or torch here: the worker and the tests' pure drivers call it alike.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -82,6 +90,12 @@ def evaluate_skip_set(
         n = None if m.per_prompt is None else m.per_prompt.n
         return TrialEvaluation(m, extras, n)
     parts: list[tuple[int, Measurement, dict[str, Any]]] = []
+    looks = max(1, math.ceil(num_prompts / chunk) - 1)
+    if rule is not None:
+        stop_conf = 1.0 - (1.0 - rule.confidence) / looks
+        rule = dataclasses.replace(rule, confidence=stop_conf)
+        if pool_rule is not None:
+            pool_rule = dataclasses.replace(pool_rule, confidence=stop_conf)
     done = 0
     why = ""
     while done < num_prompts:

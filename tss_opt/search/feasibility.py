@@ -29,7 +29,9 @@ Method (analytic and deterministic, no resampling):
   already infeasible when even the *upper* bound of an objective's mean difference is below
   ``-delta`` (or the repetition lower bound is above its limit): at the same confidence the
   true mean is worse than the tolerance, so the remaining prompts would have to overturn a
-  significant result. A set stopped early is never feasible.
+  significant result. A set stopped early is never feasible. The caller
+  (:func:`tss_opt.search.chunked.evaluate_skip_set`) runs this test at a Bonferroni-corrected
+  confidence over its interim looks.
 
 Why Student-t: with n >= 2 prompts it needs no seed, gives the same answer on every worker
 and when replayed from the storage, and is exact for normal differences; the mean of 16 or
