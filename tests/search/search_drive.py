@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tss_opt.search import SearchSettings
-from tss_opt.search.algorithm import Config, Measurement, SearchPlan, feasibility_for, plan_search, select
+from tss_opt.search.algorithm import (
+    Config,
+    Measurement,
+    SearchPlan,
+    feasibility_for,
+    plan_search,
+    select,
+)
 from tss_opt.search.chunked import evaluate_skip_set
 from tss_opt.search.feasibility import PairedFeasibility
 
