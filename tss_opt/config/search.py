@@ -17,6 +17,8 @@ early_barrier      early barrier        0 (Table 3 uses 2)
 latter_barrier     latter barrier       0 (Table 3)
 selection          S* rule              "min_cost" (Algorithm 1); Table 3 uses
                                         "triple_win"
+feasibility        (point thresholds)   "paired" (issue 10); "point" = the paper
+confidence         -                    0.9 (one-sided, paired rule)
 =================  ===================  ==========================================
 """
 
@@ -40,6 +42,9 @@ __all__ = [
     "Mode",
     "SearchSettings",
     "Selection",
+    "FEASIBILITIES",
+    "Feasibility",
+    "LEGACY_IDENTITY",
 ]
 
 # Heartbeats of running trials (seconds): a trial whose worker went silent for the grace
@@ -62,8 +67,16 @@ class Selection(StrEnum):
     triple_win = "triple_win"
 
 
+class Feasibility(StrEnum):
+    """How feasibility is decided (see :mod:`tss_opt.search.feasibility`)."""
+
+    paired = "paired"
+    point = "point"
+
+
 MODES = tuple(m.value for m in Mode)
 SELECTIONS = tuple(m.value for m in Selection)
+FEASIBILITIES = tuple(m.value for m in Feasibility)
 
 # Settings that decide which configurations are evaluated. A stored study is resumed only
 # with the same values; `selection` is not among them because it only reads the stored
@@ -80,7 +93,16 @@ IDENTITY_FIELDS = (
     "early_barrier",
     "latter_barrier",
     "max_trials",
+    "feasibility",
+    "confidence",
+    "max_repetition_increase",
+    "early_stopping",
+    "early_stop_chunk",
 )
+
+# What a study stored before a field existed was run under: a study created before issue 10
+# used the point rule without early stopping, so resuming it under the paired rule is refused.
+LEGACY_IDENTITY: dict[str, Any] = {"feasibility": "point", "early_stopping": False}
 
 
 @dataclass
@@ -108,6 +130,20 @@ class SearchSettings:
         heartbeat_interval: Seconds between heartbeats of a running trial.
         grace_period: Seconds without heartbeat after which a trial counts as crashed
             and is retried once.
+        feasibility: ``"paired"`` (default): a set is feasible when a one-sided Student-t
+            lower bound on its mean per-prompt difference to dense stays within the
+            tolerance, for accepted length and for the metric (see
+            :mod:`tss_opt.search.feasibility`); needs an evaluator returning ``per_prompt``
+            (otherwise the point rule is used, with a log line). ``"point"``: the paper's rule
+            on the aggregates.
+        confidence: One-sided confidence level of the paired rule, in (0.5, 1).
+        max_repetition_increase: Degeneration guard of the paired rule: a set whose mean
+            per-prompt ``repetition`` (share of repeated 4-grams, 0..1) exceeds dense's by
+            more than this (lower confidence bound) is infeasible.
+        early_stopping: With the paired rule and an evaluator exposing ``num_prompts`` and
+            accepting ``prompt_ids=``, trials run in chunks and stop as soon as they are
+            already infeasible at ``confidence``.
+        early_stop_chunk: Prompts per chunk (>= 2; the first check needs two prompts).
     """
 
     mode: Mode = Mode.exhaustive
@@ -124,6 +160,11 @@ class SearchSettings:
     max_trials: int | None = None
     heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL
     grace_period: int = DEFAULT_GRACE_PERIOD
+    feasibility: Feasibility = Feasibility.paired
+    confidence: float = 0.9
+    max_repetition_increase: float = 0.1
+    early_stopping: bool = True
+    early_stop_chunk: int = 4
 
     def __post_init__(self) -> None:
         self.validate()
@@ -147,6 +188,17 @@ class SearchSettings:
             raise ValueError(f"relative={self.relative!r} must be True or False.")
         for name in ("eps_accept", "eps_metric", "tau_accept", "tau_metric"):
             _tolerance(name, getattr(self, name), self.relative)
+        self.feasibility = Feasibility.parse("feasibility", self.feasibility)
+        _confidence(self.confidence)
+        r = self.max_repetition_increase
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1:
+            raise ValueError(
+                f"max_repetition_increase={r!r} is out of range; expected 0 <= "
+                "max_repetition_increase < 1 (an increase of the repeated-4-gram share, e.g. 0.1)."
+            )
+        if not isinstance(self.early_stopping, bool):
+            raise ValueError(f"early_stopping={self.early_stopping!r} must be True or False.")
+        _int("early_stop_chunk", self.early_stop_chunk, minimum=2)
         _int("heartbeat_interval", self.heartbeat_interval, minimum=1)
         _int("grace_period", self.grace_period, minimum=1)
         if self.grace_period <= self.heartbeat_interval:
@@ -202,6 +254,15 @@ def _int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         extra = f" ({hint})" if hint else ""
         raise ValueError(f"{name}={value!r} is invalid; expected an integer >= {minimum}{extra}.")
+
+
+def _confidence(value: Any) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and 0.5 < value < 1
+    if not ok:
+        raise ValueError(
+            f"confidence={value!r} is out of range; expected 0.5 < confidence < 1 (a one-sided "
+            "confidence level such as 0.9 or 0.95)."
+        )
 
 
 def _tolerance(name: str, value: Any, relative: bool) -> None:

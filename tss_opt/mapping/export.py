@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -37,11 +38,18 @@ def entry_from_result(
     drafter: str | None = None,
     split: str | None = None,
     storage: str = "",
+    validation: Mapping[str, Any] | None = None,
 ) -> MappingEntry:
     """Build the mapping entry of a finished :class:`~tss_opt.search.SearchResult`.
 
+    Args:
+        validation: A validation outcome (``ValidationOutcome.to_dict()``, the study's
+            ``validation`` user attribute). When given, its ``chosen`` set (or dense) is the
+            entry's skip set instead of the search's S*, and the entry records the
+            calibration and validation figures with their bounds.
+
     Raises:
-        MappingError: The search is not finished.
+        MappingError: The search is not finished, or the validated set was not evaluated.
     """
     if not result.finished:
         done = ", ".join(f"level {lv.level}: {lv.evaluated}/{lv.total}" for lv in result.levels)
@@ -49,8 +57,43 @@ def entry_from_result(
             f"Study '{result.study_name}' is not finished ({done}); run the search to the end "
             "(run_search resumes it) before exporting."
         )
-    best = _point(result.best_record, result.num_layers)
+    chosen = result.best
+    if validation is not None:
+        chosen = frozenset(validation.get("chosen") or ())
+    try:
+        record = result.record(chosen)
+    except KeyError as e:
+        raise MappingError(
+            f"The validated choice {sorted(chosen)} was not evaluated in study "
+            f"'{result.study_name}'; re-run the validation on this study."
+        ) from e
+    best = _point(record, result.num_layers)
     base = result.baseline
+    calibration: dict[str, Any] | None = None
+    if result.settings is not None:
+        calibration = {
+            "feasibility": result.feasibility_rule,
+            "confidence": result.settings.confidence,
+            "accept_length": record.accept_length,
+            "metric": record.metric,
+            "cost": record.cost,
+            "bounds": dict(record.bounds),
+        }
+    val: dict[str, Any] | None = None
+    if validation is not None:
+        checked = next(
+            (c for c in validation.get("candidates", []) if frozenset(c.get("skip_set", [])) == chosen),
+            None,
+        )
+        val = {
+            k: validation.get(k)
+            for k in ("chosen", "reason", "dense_kept", "confidence", "num_prompts", "dense")
+        }
+        val["figures"] = checked.get("validation") if checked else None
+        val["candidates"] = [
+            {k: c.get(k) for k in ("skip_set", "passed", "reason")}
+            for c in validation.get("candidates", [])
+        ]
     return MappingEntry(
         domain=domain,
         skip_set=best.skip_set,
@@ -66,9 +109,11 @@ def entry_from_result(
         study={"name": result.study_name, "storage": storage},
         selection=result.selection,
         alternatives=tuple(
-            _point(result.record(c), result.num_layers) for c in result.pareto if c != result.best
+            _point(result.record(c), result.num_layers) for c in result.pareto if c != chosen
         ),
         split=split,
+        calibration=calibration,
+        validation=val,
     )
 
 
@@ -81,7 +126,9 @@ def export_mapping(
     """Write the selected skip set of a finished study into the mapping file at ``path``.
 
     The other domains in the file are kept. Model, drafter, domain and split come from the
-    study's ``metadata`` (given to ``run_search``).
+    study's ``metadata`` (given to ``run_search``). When the study carries a ``validation``
+    user attribute (:func:`tss_opt.search.validation.validate_candidates`), its choice is
+    written (dense when nothing passed) with calibration and validation figures.
 
     Args:
         storage: A URL (``None``: the default SQLite file) or an Optuna storage.
@@ -99,9 +146,8 @@ def export_mapping(
     if storage is None or isinstance(storage, str):
         storage = open_storage(storage, heartbeat_interval=None, grace_period=None)
     result = load_result(storage, study_name)
-    metadata: dict[str, Any] = optuna.load_study(
-        study_name=study_name, storage=storage
-    ).user_attrs.get("metadata", {})
+    attrs = optuna.load_study(study_name=study_name, storage=storage).user_attrs
+    metadata: dict[str, Any] = attrs.get("metadata", {})
     domain = domain or metadata.get("domain")
     if not domain:
         raise MappingError(
@@ -121,6 +167,7 @@ def export_mapping(
         drafter=metadata.get("drafter"),
         split=metadata.get("split"),
         storage=storage_url(storage),
+        validation=attrs.get("validation"),
     )
     write_entry(path, entry)
     return entry

@@ -65,6 +65,12 @@ class MappingEntry:
         selection: The selection rule (``min_cost`` or ``triple_win``).
         alternatives: The other Pareto points.
         split: The data split searched on (e.g. ``calibration``).
+        calibration: S*'s search figures with their paired bounds (issue 10): ``feasibility``,
+            ``accept_length``, ``metric``, ``cost``, ``bounds`` (per quantity ``mean_diff``,
+            ``lower``, ``upper``, ``tolerance``, ``n``). ``None`` in older files.
+        validation: The validation outcome: ``chosen``, ``reason``, ``dense_kept``,
+            ``confidence``, ``num_prompts``, ``dense`` and S*'s validation figures with bounds
+            (``figures``). ``None`` when the choice was not validated (older files too).
     """
 
     domain: str
@@ -82,6 +88,8 @@ class MappingEntry:
     selection: str
     alternatives: tuple[OperatingPoint, ...] = ()
     split: str | None = None
+    calibration: Mapping[str, Any] | None = None
+    validation: Mapping[str, Any] | None = None
 
     @property
     def skip(self) -> frozenset[int]:
@@ -106,6 +114,11 @@ class MappingEntry:
             "selection": self.selection,
             "alternatives": [a.to_dict() for a in self.alternatives],
         }
+        # Written only when known, so entries of older searches round-trip unchanged.
+        if self.calibration is not None:
+            data["calibration"] = dict(self.calibration)
+        if self.validation is not None:
+            data["validation"] = dict(self.validation)
         return data
 
 
@@ -251,6 +264,12 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
     if not isinstance(alternatives, list):
         raise _err(path, f"{where}.alternatives", f"expected a list, got {alternatives!r}")
     skip = _layers(path, f"{where}.skip_set", data.get("skip_set"), num_layers)
+    extra: dict[str, Mapping[str, Any] | None] = {}
+    for key in ("calibration", "validation"):
+        value = data.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise _err(path, f"{where}.{key}", f"expected a mapping, got {value!r}")
+        extra[key] = dict(value) if value is not None else None
     return MappingEntry(
         domain=domain,
         skip_set=skip,
@@ -273,6 +292,8 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
             for i, a in enumerate(alternatives)
         ),
         split=_text(path, f"{where}.split", data.get("split"), optional=True),
+        calibration=extra["calibration"],
+        validation=extra["validation"],
     )
 
 

@@ -9,7 +9,9 @@ Main entry points:
 - :class:`SearchSettings` holds the settings (Hydra config group ``search``);
 - :func:`study_name_for` derives a study name from model, drafter, domain, split, settings;
 - :func:`load_result` rebuilds the result of a stored study;
-- :class:`BreadthFirstSampler` is the Optuna sampler behind it.
+- :class:`BreadthFirstSampler` is the Optuna sampler behind it;
+- :func:`validate_candidates` checks the cheapest feasible sets on a validation evaluator
+  (issue 10); :class:`PairedFeasibility` is the paired, noise-aware feasibility rule.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from __future__ import annotations
 from tss_opt.config.search import MODES, SELECTIONS, SearchSettings
 from tss_opt.search.algorithm import Measurement, Thresholds, plan_search
 from tss_opt.search.evaluator import Evaluator, EvaluatorError
+from tss_opt.search.feasibility import FEASIBILITIES, PairedFeasibility, PerPrompt
 from tss_opt.search.identity import StudyMismatchError, settings_hash, study_name_for
 from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord, load_result
 from tss_opt.search.run import SearchError, run_search
 from tss_opt.search.sampler import BreadthFirstSampler
+from tss_opt.search.validation import ValidationOutcome, store_validation, validate_candidates
 from tss_opt.search.worker import RetryStaleSkipSetCallback
 
 __all__ = [
+    "FEASIBILITIES",
     "MODES",
     "SELECTIONS",
     "BreadthFirstSampler",
@@ -31,6 +36,8 @@ __all__ = [
     "EvaluatorError",
     "LevelSummary",
     "Measurement",
+    "PairedFeasibility",
+    "PerPrompt",
     "RetryStaleSkipSetCallback",
     "SearchError",
     "SearchResult",
@@ -38,9 +45,12 @@ __all__ = [
     "StudyMismatchError",
     "Thresholds",
     "TrialRecord",
+    "ValidationOutcome",
     "load_result",
     "plan_search",
     "run_search",
     "settings_hash",
+    "store_validation",
     "study_name_for",
+    "validate_candidates",
 ]

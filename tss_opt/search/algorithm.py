@@ -13,6 +13,11 @@ Orders and tie rules (all deterministic):
   (missing counts as lowest), then canonical order.
 - ``min_cost``: least cost, then higher acceptance, then better metric, then larger ``|S|``,
   then canonical order. The dense baseline competes (then S* is the empty set).
+- Feasibility: :func:`feasibility_for` gives the paired rule
+  (:class:`~tss_opt.search.feasibility.PairedFeasibility`) when the settings ask for it and the
+  dense measurement carries per-prompt values for at least 2 prompts, else the point rule
+  (:class:`Thresholds`). Both answer ``satisfied`` (feasibility), ``either`` (the pool's OR
+  rule), ``constraints`` and ``verdict``.
 - ``triple_win``: among evaluated sets with metric and acceptance not worse than dense and
   tokens/s not lower than dense (checked only when the dense run reports tokens/s): higher
   acceptance, then larger ``|S|``, then higher tokens/s, then canonical order; the empty set
@@ -27,9 +32,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tss_opt.config.search import SearchSettings
+from tss_opt.search.feasibility import PairedFeasibility, PerPrompt, Verdict
 
 __all__ = [
     "Config",
+    "Feasibility",
     "LevelPlan",
     "Measurement",
     "SearchPlan",
@@ -37,6 +44,7 @@ __all__ = [
     "beam_rank_key",
     "candidate_pool",
     "canonical",
+    "feasibility_for",
     "pareto_front",
     "plan_search",
     "select",
@@ -55,12 +63,18 @@ def canonical(config: Iterable[int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Measurement:
-    """What one evaluation of a skip set gave (the objectives Algorithm 1 uses)."""
+    """What one evaluation of a skip set gave (the objectives Algorithm 1 uses).
+
+    ``per_prompt`` holds the per-prompt values (rounded as stored) when the evaluator reports
+    them; the paired feasibility rule needs them. Fewer prompts than the dense run's means the
+    evaluation was stopped early (it is then infeasible).
+    """
 
     accept_length: float
     metric: float
     cost: float
     tokens_per_s: float | None = None
+    per_prompt: PerPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,21 @@ class Thresholds:
         """At least one bound holds (the permissive rule of the candidate pool)."""
         return any(c <= 0.0 for c in self.constraints(m))
 
+    def verdict(self, m: Measurement) -> Verdict:
+        """Feasibility with its reason (the point rule has no bounds)."""
+        c_a, c_m = self.constraints(m)
+        reasons = []
+        if c_a > 0:
+            reasons.append(f"accept_length {m.accept_length:.4f} < bound {self.accept:.4f}")
+        if c_m > 0:
+            op = "<" if self.metric_higher_is_better else ">"
+            reasons.append(f"metric {m.metric:.4f} {op} bound {self.metric:.4f}")
+        return Verdict(not reasons, (c_a, c_m), ("accept_length", "metric"), "; ".join(reasons))
+
+
+# The rule plan_search applies: the paper's point thresholds or the paired bounds.
+Feasibility = Thresholds | PairedFeasibility
+
 
 def _bound(base: float, tol: float, relative: bool, higher_is_better: bool) -> float:
     # relative: A0 * (1 - eps) for a non-negative baseline; |A0| keeps the bound on the
@@ -114,8 +143,36 @@ def thresholds_for(
     )
 
 
+def feasibility_for(
+    baseline: Measurement,
+    settings: SearchSettings,
+    *,
+    metric_higher_is_better: bool = True,
+    pool: bool = False,
+) -> Feasibility:
+    """The feasibility rule (eps) or, with ``pool=True``, the pool rule (tau) of a search.
+
+    ``settings.feasibility == "paired"`` and a baseline with per-prompt values for >= 2
+    prompts give :class:`PairedFeasibility`; otherwise the point :class:`Thresholds`.
+    """
+    pp = baseline.per_prompt
+    if settings.feasibility == "paired" and pp is not None and pp.n >= 2:
+        return PairedFeasibility.build(
+            pp,
+            eps_accept=settings.tau_accept if pool else settings.eps_accept,
+            eps_metric=settings.tau_metric if pool else settings.eps_metric,
+            relative=settings.relative,
+            confidence=settings.confidence,
+            metric_higher_is_better=metric_higher_is_better,
+            max_repetition_increase=settings.max_repetition_increase,
+        )
+    return thresholds_for(
+        baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=pool
+    )
+
+
 def candidate_pool(
-    singles: Mapping[int, Measurement | None], pool_thresholds: Thresholds
+    singles: Mapping[int, Measurement | None], pool_thresholds: Feasibility
 ) -> tuple[int, ...]:
     """Layers whose single skip keeps acceptance OR metric within tau (failed ones excluded)."""
     return tuple(
@@ -159,7 +216,8 @@ class SearchPlan:
     Attributes:
         levels: Levels reached so far (the last one may be incomplete).
         baseline: The dense measurement, once known.
-        thresholds: Feasibility thresholds, once the baseline is known.
+        thresholds: The feasibility rule (point thresholds or the paired rule), once the
+            baseline is known.
         pool: The candidate pool, once level 1 is complete.
         frontier: Configurations of the current level that still lack a result; empty
             when the search is finished.
@@ -169,7 +227,7 @@ class SearchPlan:
 
     levels: tuple[LevelPlan, ...]
     baseline: Measurement | None
-    thresholds: Thresholds | None
+    thresholds: Feasibility | None
     pool: tuple[int, ...] | None
     frontier: tuple[Config, ...]
     finished: bool
@@ -231,7 +289,7 @@ def plan_search(
     budget = settings.max_trials
     levels: list[LevelPlan] = []
     baseline: Measurement | None = None
-    thr: Thresholds | None = None
+    thr: Feasibility | None = None
     pool: tuple[int, ...] | None = None
     prev_feasible: list[Config] = []
 
@@ -269,7 +327,7 @@ def plan_search(
             if baseline is None:
                 levels.append(LevelPlan(0, tuple(configs), total, 1, ()))
                 return done("the dense baseline could not be evaluated")
-            thr = thresholds_for(
+            thr = feasibility_for(
                 baseline, settings, metric_higher_is_better=metric_higher_is_better
             )
         feasible = [
@@ -282,7 +340,7 @@ def plan_search(
             return done("", unfinished)
         assert baseline is not None
         if k == 1:
-            pool_thr = thresholds_for(
+            pool_thr = feasibility_for(
                 baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=True
             )
             pool = candidate_pool({next(iter(c)): results[c] for c in configs}, pool_thr)

@@ -7,18 +7,24 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from tss_opt.search.algorithm import Measurement
+from tss_opt.search.feasibility import PER_PROMPT_DECIMALS, PerPrompt
 
 __all__ = [
+    "PER_PROMPT_KEYS",
     "REQUIRED_KEYS",
     "Evaluator",
     "EvaluatorError",
     "EvaluatorInfo",
     "describe_evaluator",
     "measurement_from",
+    "per_prompt_from",
+    "prompt_count",
     "to_json",
 ]
 
 REQUIRED_KEYS = ("accept_length", "metric", "cost")
+# Keys of one per-prompt entry: required, then optional.
+PER_PROMPT_KEYS = ("accept_length", "metric", "tokens", "repetition")
 
 
 @runtime_checkable
@@ -31,6 +37,16 @@ class Evaluator(Protocol):
     ``cost_measured``, nested dicts of per-metric details...) are stored as trial user
     attributes. Optional attributes: ``metric_name`` (default ``"metric"``) and
     ``metric_higher_is_better`` (default ``True``), which set the study's directions.
+
+    Optional ``per_prompt`` key (issue 10): a list with one mapping per prompt, in the same
+    prompt order for every skip set, each with ``accept_length`` and ``metric`` (floats) and
+    optionally ``tokens`` (generated tokens) and ``repetition`` (share of repeated 4-grams in
+    the output, 0..1). It enables the paired feasibility rule.
+
+    Optional early-stopping support: an ``num_prompts`` attribute (int) and a keyword
+    ``prompt_ids`` (list of prompt indices in ``[0, num_prompts)``): ``evaluator(skip,
+    prompt_ids=[...])`` evaluates only those prompts and returns their ``per_prompt`` (in
+    that order) plus the aggregates over them.
     """
 
     num_layers: int
@@ -104,8 +120,67 @@ def measurement_from(result: Any, skip: frozenset[int]) -> tuple[Measurement, di
         values[key] = _finite(result[key], key, shown)
     tps = result.get("tokens_per_s")
     tokens_per_s = None if tps is None else _finite(tps, "tokens_per_s", shown)
-    extras = {str(k): to_json(v) for k, v in result.items() if k not in REQUIRED_KEYS}
-    return Measurement(tokens_per_s=tokens_per_s, **values), extras
+    per_prompt = per_prompt_from(result.get("per_prompt"), shown)
+    extras = {
+        str(k): to_json(v) for k, v in result.items() if k not in REQUIRED_KEYS and k != "per_prompt"
+    }
+    return Measurement(tokens_per_s=tokens_per_s, per_prompt=per_prompt, **values), extras
+
+
+def per_prompt_from(value: Any, shown: list[int]) -> PerPrompt | None:
+    """Check an evaluator's ``per_prompt`` list; return it rounded as it is stored.
+
+    Values are rounded to 4 decimals, the form stored in the trial's ``per_prompt`` user
+    attribute, so decisions made now and replays from the storage see the same numbers.
+
+    Raises:
+        EvaluatorError: Not a list of mappings, a required key missing, a value not finite,
+            or an optional key present for some prompts only.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise EvaluatorError(
+            f"'per_prompt' for skip set {shown} is a {type(value).__name__}; expected a list "
+            "with one mapping per prompt (keys accept_length, metric[, tokens, repetition])."
+        )
+    rows = list(value)
+    cols: dict[str, list[float]] = {k: [] for k in PER_PROMPT_KEYS}
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise EvaluatorError(
+                f"per_prompt[{i}] for skip set {shown} is a {type(row).__name__}; expected a "
+                "mapping with accept_length and metric."
+            )
+        for key in PER_PROMPT_KEYS:
+            if key in row and row[key] is not None:
+                x = _finite(row[key], f"per_prompt[{i}].{key}", shown)
+                cols[key].append(round(x, PER_PROMPT_DECIMALS))
+            elif key in ("accept_length", "metric"):
+                raise EvaluatorError(
+                    f"per_prompt[{i}] for skip set {shown} lacks '{key}' (got keys "
+                    f"{sorted(map(str, row))}); every entry needs accept_length and metric."
+                )
+    for key in ("tokens", "repetition"):
+        if 0 < len(cols[key]) < len(rows):
+            raise EvaluatorError(
+                f"per_prompt for skip set {shown} has '{key}' for {len(cols[key])} of "
+                f"{len(rows)} prompts; report it for every prompt or for none."
+            )
+    return PerPrompt(
+        accept_length=tuple(cols["accept_length"]),
+        metric=tuple(cols["metric"]),
+        tokens=tuple(cols["tokens"]) if cols["tokens"] else None,
+        repetition=tuple(cols["repetition"]) if cols["repetition"] else None,
+    )
+
+
+def prompt_count(evaluator: Any) -> int | None:
+    """The evaluator's ``num_prompts`` when it supports ``prompt_ids=`` (early stopping)."""
+    n = getattr(evaluator, "num_prompts", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return None
+    return n
 
 
 def _finite(value: Any, key: str, shown: list[int]) -> float:

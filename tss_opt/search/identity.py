@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tss_opt.config.search import IDENTITY_FIELDS, SearchSettings
+from tss_opt.config.search import IDENTITY_FIELDS, LEGACY_IDENTITY, SearchSettings
 from tss_opt.storage import storage_url
 
 if TYPE_CHECKING:
@@ -145,8 +145,16 @@ def identity_differences(
     diffs: list[str] = []
     stored = attrs.get("search_settings", {})
     for name in IDENTITY_FIELDS:
-        if name in stored and stored[name] != getattr(settings, name):
-            diffs.append(f"{name}: stored {stored[name]!r}, requested {str_value(getattr(settings, name))!r}")
+        # A field the stored settings lack (a study made before it existed) counts as its
+        # legacy value: such a study was searched under the point rule, without early stops.
+        if name in stored:
+            value = stored[name]
+        elif name in LEGACY_IDENTITY:
+            value = LEGACY_IDENTITY[name]
+        else:
+            continue
+        if value != getattr(settings, name):
+            diffs.append(f"{name}: stored {value!r}, requested {str_value(getattr(settings, name))!r}")
     if info is not None:
         for key, value in (
             ("num_layers", info.num_layers),

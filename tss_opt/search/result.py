@@ -10,6 +10,7 @@ import optuna
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import canonical, pareto_front, select
+from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
 
 __all__ = ["LevelSummary", "SearchResult", "TrialRecord", "build_result", "load_result"]
@@ -27,6 +28,11 @@ class TrialRecord:
         feasible: Both feasibility bounds hold.
         values: The measurement as the evaluator returned it (objectives and extras).
         failed: Given up after its workers crashed ``max_crash_retries + 1`` times.
+        infeasible_reason: Why it is infeasible, recomputed from the stored per-prompt
+            values ("" when feasible).
+        early_stopped: Its evaluation stopped before the last prompt (issue 10).
+        bounds: Paired rule only: per quantity, ``mean_diff``, ``lower``, ``upper``,
+            ``tolerance``, ``n`` (see :class:`tss_opt.search.feasibility.Bound`).
     """
 
     skip_set: frozenset[int]
@@ -38,6 +44,9 @@ class TrialRecord:
     feasible: bool
     values: Mapping[str, Any] = field(default_factory=dict)
     failed: bool = False
+    infeasible_reason: str = ""
+    early_stopped: bool = False
+    bounds: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,10 @@ class SearchResult:
         finished: Whether the search has finished.
         metric_name: The task metric's name.
         num_layers: L.
+        settings: The search settings (``None`` when unknown).
+        metric_higher_is_better: The metric's direction.
+        feasibility_rule: ``"paired"`` or ``"point"``: the rule actually applied (``point``
+            when the evaluator gave no per-prompt values).
     """
 
     best: frozenset[int]
@@ -81,6 +94,9 @@ class SearchResult:
     finished: bool
     metric_name: str
     num_layers: int
+    settings: SearchSettings | None = None
+    metric_higher_is_better: bool = True
+    feasibility_rule: str = "point"
 
     def record(self, skip_set: frozenset[int] | set[int] | tuple[int, ...]) -> TrialRecord:
         """The record of one skip set (``KeyError`` if it was not evaluated)."""
@@ -109,6 +125,7 @@ class SearchResult:
             "pareto": [list(canonical(c)) for c in self.pareto],
             "pool": list(self.pool),
             "evaluated": len(self.trials),
+            "feasibility": self.feasibility_rule,
         }
 
 
@@ -136,6 +153,7 @@ def build_result(
         trial = state.complete[config]
         values = {"accept_length": m.accept_length, "metric": m.metric, "cost": m.cost}
         values.update({k: v for k, v in trial.user_attrs.items() if k not in _BOOKKEEPING_ATTRS})
+        verdict = plan.thresholds.verdict(m) if plan.thresholds is not None else None
         records.append(
             TrialRecord(
                 skip_set=config,
@@ -146,6 +164,11 @@ def build_result(
                 cost=m.cost,
                 feasible=config in feasible,
                 values=values,
+                infeasible_reason=""
+                if config in feasible or verdict is None
+                else (verdict.reason or "its level was not searched under this rule"),
+                early_stopped=bool(trial.user_attrs.get("early_stopped", False)),
+                bounds={k: b.to_dict() for k, b in verdict.bounds.items()} if verdict else {},
             )
         )
     baseline = next((r.values for r in records if not r.skip_set), {})
@@ -169,11 +192,27 @@ def build_result(
         finished=plan.finished,
         metric_name=metric_name,
         num_layers=sampler.num_layers,
+        settings=sampler.settings,
+        metric_higher_is_better=hib,
+        feasibility_rule="paired" if isinstance(plan.thresholds, PairedFeasibility) else "point",
     )
 
 
 # Trial user attributes written by the search itself, not by the evaluator.
-_BOOKKEEPING_ATTRS = frozenset({"skip_set", "level", "num_skipped", "sparsity", "feasible"})
+_BOOKKEEPING_ATTRS = frozenset(
+    {
+        "skip_set",
+        "level",
+        "num_skipped",
+        "sparsity",
+        "feasible",
+        "per_prompt",
+        "prompts_used",
+        "early_stopped",
+        "infeasible_reason",
+        "paired_bounds",
+    }
+)
 
 
 def load_result(

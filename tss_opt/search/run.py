@@ -72,16 +72,21 @@ def run_search(
         **setting_values: :class:`SearchSettings` fields (``mode``, ``beam_width``,
             ``max_depth``, ``eps_accept``, ``eps_metric``, ``tau_accept``, ``tau_metric``,
             ``relative``, ``early_barrier``, ``latter_barrier``, ``selection``,
-            ``max_trials``, ``heartbeat_interval``, ``grace_period``, ...).
+            ``max_trials``, ``feasibility``, ``confidence``, ``max_repetition_increase``,
+            ``early_stopping``, ``early_stop_chunk``, ``heartbeat_interval``,
+            ``grace_period``).
 
     Returns:
         The :class:`SearchResult`.
 
     Raises:
-        ValueError: Invalid or unknown settings, or an invalid evaluator.
+        ValueError: Invalid or unknown settings (e.g. ``confidence`` outside (0.5, 1)), or
+            an invalid evaluator.
         tss_opt.search.StudyMismatchError: The stored study has other settings or protocol.
         tss_opt.storage.StorageError: The storage URL is unparsable or unreachable.
         SearchError: The dense baseline could not be evaluated.
+        tss_opt.search.EvaluatorError: A malformed answer, e.g. a ``per_prompt`` whose
+            length differs from the dense run's.
         Exception: Whatever the evaluator raised (the trial is failed and re-queued).
     """
     settings = _settings(settings, setting_values)

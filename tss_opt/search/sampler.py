@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, SearchPlan, canonical, plan_search
+from tss_opt.search.feasibility import PerPrompt
 from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name, study_lock_key
 from tss_opt.storage import study_lock
 
@@ -156,7 +157,7 @@ class BreadthFirstSampler(BaseSampler):
 
     @staticmethod
     def measurement(trial: FrozenTrial) -> Measurement:
-        """The measurement stored in a COMPLETE trial (values + ``tokens_per_s``)."""
+        """The measurement stored in a COMPLETE trial (values, ``tokens_per_s``, ``per_prompt``)."""
         assert trial.values is not None and len(trial.values) == 3
         tps = trial.user_attrs.get("tokens_per_s")
         return Measurement(
@@ -164,6 +165,7 @@ class BreadthFirstSampler(BaseSampler):
             metric=float(trial.values[1]),
             cost=float(trial.values[2]),
             tokens_per_s=float(tps) if isinstance(tps, (int, float)) else None,
+            per_prompt=PerPrompt.from_dict(trial.user_attrs.get("per_prompt")),
         )
 
     @staticmethod

@@ -1,0 +1,155 @@
+"""Evaluate one skip set, in prompt chunks with early stopping when the evaluator allows it.
+
+An evaluator opts in by exposing ``num_prompts`` and accepting ``evaluator(skip,
+prompt_ids=[...])`` (see :class:`~tss_opt.search.Evaluator`). Prompts are then evaluated in
+their fixed order, ``early_stop_chunk`` at a time; after each chunk, a skip set that is already
+infeasible at the configured confidence
+(:meth:`~tss_opt.search.feasibility.PairedFeasibility.hopeless`) stops, and its remaining
+prompts are never generated.
+
+The stop test spends the error rate over the looks (Bonferroni): with ``k`` interim looks
+(``ceil(num_prompts / chunk) - 1``) each look uses the one-sided confidence
+``1 - (1 - confidence) / k``. A set whose true mean loss is within the tolerance is then
+stopped with probability at most ``1 - confidence`` over all looks (at the boundary; far less
+with a margin), so early stopping rarely changes which sets are feasible, and a stopped set is
+always recorded infeasible. The dense baseline runs every prompt (in the same chunks, so dense
+and skip sets are measured the same way) and is never stopped.
+
+Aggregates of a chunked evaluation are prompt-weighted means of the chunks' aggregates: exact
+for per-prompt means (a mean metric, tokens/s per prompt), a close approximation for pooled
+ratios (accepted length as committed tokens / steps). Lists are concatenated and other values
+taken from the last chunk.
+
+No Optuna or torch here: the worker and the tests' pure drivers call it alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tss_opt.search.algorithm import Config, Measurement, canonical
+from tss_opt.search.evaluator import EvaluatorError, measurement_from
+from tss_opt.search.feasibility import PairedFeasibility, PerPrompt
+
+__all__ = ["TrialEvaluation", "evaluate_skip_set", "merge_chunks"]
+
+
+@dataclass
+class TrialEvaluation:
+    """What evaluating one skip set gave.
+
+    Attributes:
+        measurement: The objectives (over the prompts used) and per-prompt values.
+        extras: The evaluator's other keys, JSON-safe.
+        prompts_used: Prompts evaluated (``None``: one plain call, count unknown unless
+            ``per_prompt`` was returned).
+        early_stopped: Stopped before the last prompt (then infeasible).
+        stop_reason: Why it stopped ("" when not stopped).
+        calls: Evaluator calls made.
+    """
+
+    measurement: Measurement
+    extras: dict[str, Any] = field(default_factory=dict)
+    prompts_used: int | None = None
+    early_stopped: bool = False
+    stop_reason: str = ""
+    calls: int = 1
+
+
+def evaluate_skip_set(
+    evaluator: Any,
+    config: Config,
+    *,
+    num_prompts: int | None = None,
+    chunk: int = 4,
+    rule: PairedFeasibility | None = None,
+    pool_rule: PairedFeasibility | None = None,
+) -> TrialEvaluation:
+    """Evaluate ``config``: one plain call, or chunks of ``chunk`` prompts with early stopping.
+
+    Args:
+        evaluator: The evaluator.
+        config: The skip set.
+        num_prompts: ``None``: call ``evaluator(config)`` once. Else evaluate prompts
+            ``0 .. num_prompts-1`` through ``prompt_ids=`` in chunks.
+        chunk: Prompts per chunk.
+        rule: The paired rule; after each chunk but the last, a set it finds hopeless stops.
+            ``None`` (dense baseline, or no early stopping): every prompt is evaluated.
+        pool_rule: The tau rule, given for level-1 sets (see ``PairedFeasibility.hopeless``).
+
+    Raises:
+        EvaluatorError: A chunk's answer is malformed or its ``per_prompt`` length differs
+            from the prompts asked for.
+    """
+    if num_prompts is None:
+        m, extras = measurement_from(evaluator(frozenset(config)), config)
+        n = None if m.per_prompt is None else m.per_prompt.n
+        return TrialEvaluation(m, extras, n)
+    parts: list[tuple[int, Measurement, dict[str, Any]]] = []
+    looks = max(1, math.ceil(num_prompts / chunk) - 1)
+    if rule is not None:
+        stop_conf = 1.0 - (1.0 - rule.confidence) / looks
+        rule = dataclasses.replace(rule, confidence=stop_conf)
+        if pool_rule is not None:
+            pool_rule = dataclasses.replace(pool_rule, confidence=stop_conf)
+    done = 0
+    why = ""
+    while done < num_prompts:
+        ids = list(range(done, min(done + chunk, num_prompts)))
+        m, extras = measurement_from(evaluator(frozenset(config), prompt_ids=ids), config)
+        got = -1 if m.per_prompt is None else m.per_prompt.n
+        if got != len(ids):
+            raise EvaluatorError(
+                f"evaluator(skip={list(canonical(config))}, prompt_ids={ids}) returned "
+                + ("no per_prompt" if got < 0 else f"per_prompt of length {got}")
+                + f"; expected {len(ids)} entries, one per requested prompt, in that order."
+            )
+        parts.append((len(ids), m, extras))
+        done += len(ids)
+        if rule is not None and done < num_prompts:
+            pp = PerPrompt.concat([p[1].per_prompt for p in parts])  # type: ignore[misc]
+            why = rule.hopeless(pp, pool=pool_rule)
+            if why:
+                break
+    m, extras = merge_chunks(parts)
+    return TrialEvaluation(m, extras, done, bool(why), why, len(parts))
+
+
+def merge_chunks(
+    parts: Sequence[tuple[int, Measurement, dict[str, Any]]],
+) -> tuple[Measurement, dict[str, Any]]:
+    """Combine chunk results: prompt-weighted means, joined per-prompt values and lists."""
+    weights = [w for w, _, _ in parts]
+    ms = [m for _, m, _ in parts]
+
+    def wmean(xs: Sequence[float]) -> float:
+        return math.fsum(w * x for w, x in zip(weights, xs, strict=True)) / sum(weights)
+
+    tps = [m.tokens_per_s for m in ms]
+    m = Measurement(
+        accept_length=wmean([m.accept_length for m in ms]),
+        metric=wmean([m.metric for m in ms]),
+        cost=wmean([m.cost for m in ms]),
+        tokens_per_s=None if any(t is None for t in tps) else wmean(tps),  # type: ignore[arg-type]
+        per_prompt=PerPrompt.concat([m.per_prompt for m in ms]),  # type: ignore[misc]
+    )
+    return m, _merge_values(weights, [e for _, _, e in parts])
+
+
+def _merge_values(weights: Sequence[int], values: Sequence[Any]) -> Any:
+    last = values[-1]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        total = sum(weights)
+        return math.fsum(w * float(v) for w, v in zip(weights, values, strict=True)) / total
+    if all(isinstance(v, dict) for v in values):
+        keys = [k for k in last if all(k in v for v in values)]
+        merged = {k: _merge_values(weights, [v[k] for v in values]) for k in keys}
+        merged.update({k: v for k, v in last.items() if k not in merged})
+        return merged
+    if all(isinstance(v, list) for v in values):
+        return [x for v in values for x in v]
+    return last
