@@ -69,7 +69,7 @@ class TSSConfig:
     # report
     report_dir: str = "storage/report"
     report_domains: list[str] = field(default_factory=list)  # [] = every domain in the mapping
-    heldout_prompts: int | None = None  # None = the domain's heldout_size (64)
+    heldout_prompts: int | None = None  # None = the domain's heldout_size (48)
 
 
 def register_configs() -> None:
