@@ -149,4 +149,5 @@ def build_evaluator(cfg: DictConfig, runtime: Runtime | None = None, split: str 
         cost=cfg.cost,
         eos_token_ids=rt.eos_token_ids,
         system_prompt=domain.config.system_prompt,
+        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
     )

@@ -46,10 +46,11 @@ class TSSConfig:
 
     storage: str | None = None  # SQL URL; None = sqlite:///storage/tss.db
     study_name: str | None = None  # None = derived from model, drafter, domain, split, settings
-    split: str = "calibration"
+    split: str = "calibration"  # calibration (the search), validation or heldout
     scope: str = "verify"
     temperature: float = 0.0
     cost: str = "analytic"
+    reuse_prefill: bool = True  # scope=verify: prefill each prompt once per process, copy per trial
     device: str | None = None  # shortcut for model.device (e.g. cuda:1)
     dtype: str | None = None  # shortcut for model.dtype (e.g. bfloat16)
     threads: int | None = None  # torch CPU threads; None = torch's default
@@ -62,6 +63,9 @@ class TSSConfig:
     skip: list[int] = field(default_factory=list)
     max_new_tokens: int | None = None
     request_domain: str | None = None  # serve: the request's domain label (None = detect)
+
+    # evaluate
+    json_out: str | None = None  # write the aggregate and per_prompt as JSON to this path
 
     # launch: one local worker per listed device
     devices: list[str] = field(default_factory=list)
