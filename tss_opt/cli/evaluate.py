@@ -12,11 +12,13 @@ from omegaconf import DictConfig
 
 from tss_opt.cli.common import build_evaluator, hydra_entry, load_runtime, require_domain
 from tss_opt.evaluation.evaluator import EvalResult
-from tss_opt.evaluation.result_json import write_result_json
+from tss_opt.evaluation.result_json import check_json_out, write_result_json
 
 
 def evaluate(cfg: DictConfig) -> EvalResult:
     domain = require_domain(cfg)
+    if cfg.get("json_out"):
+        check_json_out(cfg.json_out)  # before the (long) evaluation
     rt = load_runtime(cfg)
     # The search preset's prompt/token reductions apply to searches; a plain evaluation
     # follows the domain's protocol unless search.prompts / max_new_tokens are given.

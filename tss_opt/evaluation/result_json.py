@@ -8,7 +8,19 @@ from typing import Any
 
 from tss_opt.evaluation.evaluator import EvalResult
 
-__all__ = ["result_document", "write_result_json"]
+__all__ = ["check_json_out", "result_document", "write_result_json"]
+
+
+def check_json_out(path: str | Path) -> Path:
+    """The output path, checked before a long evaluation runs.
+
+    Raises:
+        ValueError: if ``path`` is an existing folder.
+    """
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise ValueError(f"json_out={str(path)!r} is a folder; give a file path, e.g. {out / 'eval.json'}")
+    return out
 
 
 def result_document(result: EvalResult, context: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -39,9 +51,7 @@ def write_result_json(path: str | Path, result: EvalResult, context: dict[str, A
     Raises:
         ValueError: if ``path`` is an existing folder.
     """
-    out = Path(path).expanduser()
-    if out.is_dir():
-        raise ValueError(f"json_out={str(path)!r} is a folder; give a file path, e.g. {out / 'eval.json'}")
+    out = check_json_out(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result_document(result, context), indent=1) + "\n", encoding="utf-8")
     return out
