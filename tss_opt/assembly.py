@@ -172,6 +172,7 @@ def build_evaluator(
         cost=str(cfg.cost),
         eos_token_ids=rt.eos_token_ids,
         system_prompt=domain.config.system_prompt,
+        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
     )
 
 

@@ -87,7 +87,7 @@ def test_user_domain_from_config_dir_searches_end_to_end(tmp_path):
     data = tmp_path / "legal.jsonl"
     data.write_text("\n".join(json.dumps({"id": f"l{i}", "prompt": f"Is clause {i} binding?", "references": ["yes"]}) for i in range(6)))
     (conf / "domain" / "legal.yaml").write_text(
-        f"name: legal\ndata: {data}\nmetric: token_f1\nmax_new_tokens: 6\npool_size: 6\ncalibration_size: 2\nheldout_size: 4\n"
+        f"name: legal\ndata: {data}\nmetric: token_f1\nmax_new_tokens: 6\npool_size: 6\ncalibration_size: 2\nvalidation_size: 0\nheldout_size: 4\n"
     )
     work = tmp_path / "work"
     work.mkdir()

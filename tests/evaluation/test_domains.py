@@ -52,6 +52,7 @@ def small_config(data: Path | str, **overrides: Any) -> dict[str, Any]:
         "data": str(data),
         "metric": "token_f1",
         "calibration_size": 2,
+        "validation_size": 0,
         "heldout_size": 3,
     }
     return {**cfg, **overrides}
@@ -81,16 +82,21 @@ def test_shipped_domain_loads_with_protocol_splits(
     assert all(ex.references and all(r.strip() for r in ex.references) for ex in domain.pool)
     assert all(ex.prompt.strip() for ex in domain.pool)
 
-    calibration, heldout = domain.split("calibration"), domain.split("heldout")
-    assert (len(calibration), len(heldout)) == (16, 64)
-    assert not {ex.id for ex in calibration} & {ex.id for ex in heldout}
-    # Exactly the protocol: shuffle the file order with Random(42), 16 then 64.
+    calibration, validation = domain.split("calibration"), domain.split("validation")
+    heldout = domain.split("heldout")
+    assert (len(calibration), len(validation), len(heldout)) == (16, 16, 48)
+    ids = [{ex.id for ex in split} for split in (calibration, validation, heldout)]
+    assert len(ids[0] | ids[1] | ids[2]) == 80  # disjoint, and together the whole pool
+    # Exactly the protocol: shuffle the file order with Random(42), 16, 16, then 48;
+    # calibration is the paper's first 16.
     order = [ex.id for ex in domain.pool]
     random.Random(42).shuffle(order)
     assert [ex.id for ex in calibration] == order[:16]
-    assert [ex.id for ex in heldout] == order[16:80]
+    assert [ex.id for ex in validation] == order[16:32]
+    assert [ex.id for ex in heldout] == order[32:80]
     again = load_domain(cfg)
     assert again.split("calibration") == calibration and again.split("heldout") == heldout
+    assert again.split("validation") == validation
 
 
 def test_mmlu_records_carry_choices_and_letter() -> None:
@@ -113,7 +119,7 @@ def test_qa_starts_with_spec_bench_questions() -> None:
 def test_split_rejects_unknown_name() -> None:
     domain = load_domain(read_domain_config("qa", [CONF_DIR]))
     with pytest.raises(
-        DomainError, match="Unknown split 'test'; expected one of: calibration, heldout"
+        DomainError, match="Unknown split 'test'; expected one of: calibration, validation, heldout"
     ):
         domain.split("test")  # type: ignore[arg-type]
 
@@ -143,7 +149,8 @@ def test_user_domain_from_yaml_and_jsonl(tmp_path: Path, monkeypatch: pytest.Mon
         "extra_metrics: [exact_match]\n"
         "pool_size: 10\n"
         "calibration_size: 4\n"
-        "heldout_size: 6\n"
+        "validation_size: 2\n"
+        "heldout_size: 4\n"
     )
     monkeypatch.chdir(tmp_path)
     assert available_domains([conf, CONF_DIR]) == ["legal", *sorted(SHIPPED)]
@@ -158,7 +165,7 @@ def test_user_domain_from_yaml_and_jsonl(tmp_path: Path, monkeypatch: pytest.Mon
     assert domain.config.system_prompt == "You are a careful lawyer."
     assert domain.config.max_new_tokens == 96  # defaults fill omitted keys
     assert [m.name for m in domain.extra_metrics] == ["exact_match"]
-    assert len(domain.split("calibration")) == 4 and len(domain.split("heldout")) == 6
+    assert [len(domain.split(s)) for s in ("calibration", "validation", "heldout")] == [4, 2, 4]
     assert read_domain_config("legal", [conf]) == domain.config
 
 
@@ -264,14 +271,40 @@ def test_unknown_metric_lists_available(tmp_path: Path, key: str) -> None:
 
 def test_split_sizes_exceed_pool(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", records(10))
+    with pytest.raises(DomainError) as info:
+        load_domain(small_config(path, calibration_size=16, validation_size=16, heldout_size=48))
+    message = str(info.value)
+    assert (
+        "calibration_size + validation_size + heldout_size = 16 + 16 + 48 = 80 exceeds the pool "
+        "of 10 records (pool_size=80" in message
+    )
+    assert "lower the split sizes so that they sum to at most the pool, or add records" in message
     with pytest.raises(
-        DomainError, match=r"16 \+ 64 = 80 exceeds the pool of 10 records \(pool_size=80"
-    ):
-        load_domain(small_config(path, calibration_size=16, heldout_size=64))
-    with pytest.raises(
-        DomainError, match=r"2 \+ 3 = 5 exceeds the pool of 4 records \(pool_size=4"
+        DomainError, match=r"2 \+ 0 \+ 3 = 5 exceeds the pool of 4 records \(pool_size=4"
     ):
         load_domain(small_config(path, pool_size=4))
+    # The defaults (16 / 16 / 48) need 80 records.
+    with pytest.raises(DomainError, match=r"16 \+ 16 \+ 48 = 80 exceeds the pool of 10"):
+        load_domain({"name": "d", "data": str(path), "metric": "token_f1"})
+
+
+def test_three_splits_are_disjoint_and_keep_calibration(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", records(12))
+    domain = load_domain(small_config(path, calibration_size=3, validation_size=4, heldout_size=5))
+    splits = [domain.split(s) for s in ("calibration", "validation", "heldout")]
+    assert [len(s) for s in splits] == [3, 4, 5]
+    ids = [ex.id for s in splits for ex in s]
+    assert len(set(ids)) == 12
+    # Calibration does not depend on the other sizes; validation is what follows it.
+    two = load_domain(small_config(path, calibration_size=3, validation_size=0, heldout_size=9))
+    assert two.split("calibration") == splits[0] and two.split("validation") == []
+    assert two.split("heldout")[:4] == splits[1]
+
+
+def test_negative_validation_size(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", records(6))
+    with pytest.raises(DomainError, match=r"validation_size=-1, expected >= 0"):
+        load_domain(small_config(path, validation_size=-1))
 
 
 def test_record_without_references(tmp_path: Path) -> None:

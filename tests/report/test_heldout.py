@@ -54,7 +54,7 @@ def make_domain(tmp_path: Path, name: str, n: int = 6):
     data = tmp_path / f"{name}.jsonl"
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return load_domain(
-        {"name": name, "data": str(data), "metric": METRICS[name], "pool_size": n, "calibration_size": 2,
+        {"name": name, "data": str(data), "metric": METRICS[name], "pool_size": n, "calibration_size": 2, "validation_size": 0,
          "heldout_size": n - 2, "max_new_tokens": N_NEW}
     )
 
@@ -181,7 +181,7 @@ def test_too_many_prompts_and_unmapped_domains_are_refused(tiny, target, tmp_pat
         compare_domain(target, tiny.tokenizer, pld, domain, [1], prompts=9)
     _, _, mapping = studied
     other = load_domain({"name": "rag", "data": str(tmp_path / "qa.jsonl"), "metric": "token_f1", "pool_size": 6,
-                         "calibration_size": 2, "heldout_size": 4})
+                         "calibration_size": 2, "validation_size": 0, "heldout_size": 4})
     with pytest.raises(ReportError, match="no mapping entry for domain.*rag.*mapped: qa, translation"):
         run_heldout(target, tiny.tokenizer, pld, mapping, [other], model_id=TINY_ID)
     with pytest.raises(MappingError, match="another-model"):

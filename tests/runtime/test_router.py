@@ -126,7 +126,7 @@ def test_routing_accuracy_counts_every_heldout_prompt(tiny, tiny_target, tmp_pat
         lines = [json.dumps({"id": str(i), "prompt": template.format(i=i), "references": ["x"]}) for i in range(8)]
         (tmp_path / f"{name}.jsonl").write_text("\n".join(lines))
         domains.append(load_domain({"name": name, "data": str(tmp_path / f"{name}.jsonl"), "metric": "token_f1",
-                                    "pool_size": 8, "calibration_size": 4, "heldout_size": 4}))
+                                    "pool_size": 8, "calibration_size": 4, "validation_size": 0, "heldout_size": 4}))
     router = DomainRouter.fit_domains(tiny_target, tiny.tokenizer, domains)
     assert router.has_background and router.domains == ["math", "qa"]
     rep = routing_accuracy(router, tiny.tokenizer, domains, progress=False)

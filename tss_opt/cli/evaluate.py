@@ -1,7 +1,9 @@
-"""``python -m tss_opt.cli.evaluate +domain=NAME [skip=[...]] [split=calibration]``
+"""``python -m tss_opt.cli.evaluate +domain=NAME [skip=[...]] [split=calibration] [json_out=PATH]``
 
-Runs the trial evaluator once (one skip set, every prompt of a split, the domain's protocol
-unless ``search.prompts`` / ``max_new_tokens`` say otherwise) and prints A, M, C and tokens/s.
+Runs the trial evaluator once (one skip set, every prompt of a split: ``calibration``,
+``validation`` or ``heldout``; the domain's protocol unless ``search.prompts`` /
+``max_new_tokens`` say otherwise) and prints A, M, C and tokens/s. With ``json_out=PATH`` it
+also writes the aggregate and the per-prompt figures (``per_prompt``) as JSON.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from omegaconf import DictConfig
 from tss_opt.assembly import assemble, build_evaluator, require_domain
 from tss_opt.cli.common import hydra_entry
 from tss_opt.evaluation.evaluator import EvalResult
+from tss_opt.evaluation.result_json import check_json_out, write_result_json
 
 
 def evaluate(cfg: DictConfig) -> EvalResult:
     domain = require_domain(cfg)
+    if cfg.get("json_out"):
+        check_json_out(cfg.json_out)  # before the (long) evaluation
     rt = assemble(cfg)
     # The search preset's prompt/token reductions apply to searches; a plain evaluation
     # follows the domain's protocol unless search.prompts / max_new_tokens are given.
@@ -34,6 +39,15 @@ def evaluate(cfg: DictConfig) -> EvalResult:
     )
     for k, v in r.metric_extras.items():
         print(f"{k}: {v:.4f}")
+    if cfg.get("json_out"):
+        context = {
+            "domain": domain.name, "model": rt.loaded.config.name, "drafter": rt.drafter_cfg.get("name"),
+            "dtype": rt.loaded.config.dtype, "split": cfg.split, "prompts": len(ev.examples),
+            "max_new_tokens": ev.max_new_tokens, "scope": ev.scope, "temperature": ev.temperature,
+            "metric_name": ev.metric_name,
+        }
+        path = write_result_json(cfg.json_out, r, context)
+        print(f"wrote {path}")
     return r
 
 

@@ -26,7 +26,9 @@ class DomainConfig:
         max_new_tokens: Generation length per prompt (greedy).
         pool_size: Records kept from the start of the data (file order).
         calibration_size: Prompts used by the skip-set search.
-        heldout_size: Prompts used for the final evaluation, disjoint from calibration.
+        validation_size: Prompts that check the search's candidates before the mapping is
+            written, disjoint from calibration.
+        heldout_size: Prompts used for reports only, disjoint from the other two.
         shuffle_seed: ``random.Random`` seed of the pool shuffle that defines the splits.
     """
 
@@ -39,5 +41,6 @@ class DomainConfig:
     max_new_tokens: int = 96
     pool_size: int = 80
     calibration_size: int = 16
-    heldout_size: int = 64
+    validation_size: int = 16
+    heldout_size: int = 48
     shuffle_seed: int = 42

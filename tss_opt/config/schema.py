@@ -47,10 +47,11 @@ class TSSConfig:
 
     storage: str | None = None  # SQL URL; None = sqlite:///storage/tss.db
     study_name: str | None = None  # None = derived from model, drafter, domain, split, settings
-    split: str = "calibration"
+    split: str = "calibration"  # calibration (the search), validation or heldout
     scope: Scope = Scope.verify
     temperature: float = 0.0
     cost: Cost = Cost.analytic
+    reuse_prefill: bool = True  # scope=verify: prefill each prompt once per process, copy per trial
     device: str | None = None  # shortcut for model.device (e.g. cuda:1)
     dtype: str | None = None  # shortcut for model.dtype (e.g. bfloat16)
     threads: int | None = None  # torch CPU threads; None = torch's default
@@ -64,13 +65,16 @@ class TSSConfig:
     max_new_tokens: int | None = None
     request_domain: str | None = None  # serve: the request's domain label (None = detect)
 
+    # evaluate
+    json_out: str | None = None  # write the aggregate and per_prompt as JSON to this path
+
     # launch: one local worker per listed device
     devices: list[str] = field(default_factory=list)
 
     # report
     report_dir: str = "storage/report"
     report_domains: list[str] = field(default_factory=list)  # [] = every domain in the mapping
-    heldout_prompts: int | None = None  # None = the domain's heldout_size (64)
+    heldout_prompts: int | None = None  # None = the domain's heldout_size (48)
 
 
 def register_configs() -> None:

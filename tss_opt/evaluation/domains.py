@@ -2,8 +2,9 @@
 
 A domain is what a skip set is searched for. Its config (``conf/domain/<name>.yaml``, Hydra
 group ``domain``) names the data, the prompt template and the metric; no code is needed to add
-one. The TSS protocol (80 prompts shuffled with seed 42: 16 for calibration, 64 held out) is the
-default of :class:`DomainConfig` and is carried out by :meth:`Domain.split`.
+one. The protocol (80 prompts shuffled with seed 42: 16 for calibration, i.e. the search, 16 for
+validation, which checks the search's choice, and 48 held out for reports only) is the default of
+:class:`DomainConfig` and is carried out by :meth:`Domain.split`.
 
 Data sources (``DomainConfig.data``):
 
@@ -52,7 +53,7 @@ __all__ = [
 
 BUILTIN_PREFIX = "builtin:"
 HF_PREFIX = "hf:"
-SPLITS = ("calibration", "heldout")
+SPLITS = ("calibration", "validation", "heldout")
 
 
 class DomainError(ValueError):
@@ -77,7 +78,7 @@ class Example:
 
 
 class Domain:
-    """A loaded domain: its config, its prompt pool and the calibration/held-out splits.
+    """A loaded domain: its config, its prompt pool and the calibration/validation/held-out splits.
 
     Attributes:
         config: The validated config.
@@ -86,23 +87,26 @@ class Domain:
     """
 
     def __init__(self, config: DomainConfig, pool: list[Example], source: str = "") -> None:
-        need = config.calibration_size + config.heldout_size
+        calib, val, held = config.calibration_size, config.validation_size, config.heldout_size
+        need = calib + val + held
         if need > len(pool):
             raise DomainError(
-                f"Domain {config.name!r}: calibration_size + heldout_size = "
-                f"{config.calibration_size} + {config.heldout_size} = {need} exceeds the pool of "
+                f"Domain {config.name!r}: calibration_size + validation_size + heldout_size = "
+                f"{calib} + {val} + {held} = {need} exceeds the pool of "
                 f"{len(pool)} records (pool_size={config.pool_size}, data {source or config.data}); "
-                "lower the split sizes or add records."
+                "lower the split sizes so that they sum to at most the pool, or add records."
             )
         self.config = config
         self.pool = pool
         self.source = source or config.data
         shuffled = list(pool)
         random.Random(config.shuffle_seed).shuffle(shuffled)
-        calib = config.calibration_size
+        # Calibration first (so it stays the same prompts whatever the other sizes are),
+        # then validation, then held out: three disjoint slices of one shuffle.
         self._splits = {
             "calibration": shuffled[:calib],
-            "heldout": shuffled[calib : calib + config.heldout_size],
+            "validation": shuffled[calib : calib + val],
+            "heldout": shuffled[calib + val : need],
         }
 
     def __repr__(self) -> str:
@@ -121,15 +125,16 @@ class Domain:
     def extra_metrics(self) -> list[Metric]:
         return [get_metric(name) for name in self.config.extra_metrics]
 
-    def split(self, name: Literal["calibration", "heldout"]) -> list[Example]:
+    def split(self, name: Literal["calibration", "validation", "heldout"]) -> list[Example]:
         """Returns one split of the pool.
 
         The pool is shuffled with ``random.Random(shuffle_seed)``; the first
-        ``calibration_size`` examples are the calibration split, the next ``heldout_size`` the
-        held-out split. Deterministic and disjoint.
+        ``calibration_size`` examples are the calibration split, the next ``validation_size``
+        the validation split, the next ``heldout_size`` the held-out split. Deterministic and
+        disjoint.
 
         Raises:
-            DomainError: For a split name other than "calibration" or "heldout".
+            DomainError: For a split name other than "calibration", "validation" or "heldout".
         """
         if name not in self._splits:
             raise DomainError(f"Unknown split {name!r}; expected one of: {', '.join(SPLITS)}.")
@@ -158,10 +163,11 @@ def _check_config(config: DomainConfig) -> list[Metric]:
             raise DomainError(
                 f"Domain {config.name!r}: {key}={getattr(config, key)}, expected >= 1."
             )
-    if config.heldout_size < 0:
-        raise DomainError(
-            f"Domain {config.name!r}: heldout_size={config.heldout_size}, expected >= 0."
-        )
+    for key in ("validation_size", "heldout_size"):
+        if getattr(config, key) < 0:
+            raise DomainError(
+                f"Domain {config.name!r}: {key}={getattr(config, key)}, expected >= 0."
+            )
     metrics = []
     for key, name in [("metric", config.metric)] + [
         ("extra_metrics", m) for m in config.extra_metrics

@@ -2,14 +2,16 @@
 
 It follows the evaluator contract of :mod:`tss_opt.search` (``num_layers``; called with a
 ``frozenset[int]`` skip set; returns ``accept_length``, ``metric``, ``cost`` and extra keys),
-so the search, the held-out report and user code share it.
+so the search, the held-out report and user code share it. It also implements the contract's
+per-prompt extension (docs/evaluator.md): a ``per_prompt`` list in the result, ``num_prompts``
+and ``evaluator(skip, prompt_ids=[...])`` for evaluating a subset (early stopping).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,17 +20,32 @@ import torch
 from tss_opt.evaluation.cost import COSTS, analytic_cost, measured_cost
 from tss_opt.evaluation.decoding.drafter import Drafter
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+from tss_opt.evaluation.decoding.prefill import DensePrefill, dense_prefill
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.metrics import Metric
+from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class PromptRecord:
-    """One prompt's outcome under one skip set."""
+    """One prompt's outcome under one skip set.
+
+    Attributes:
+        id: the example's id.
+        output: the decoded output text.
+        score: the objective metric on this prompt alone.
+        accept_length: this prompt's committed tokens / verification steps.
+        tokens_per_s: generated tokens / wall time of this prompt.
+        new_tokens: generated tokens.
+        steps: verification steps.
+        index: the prompt's position in the evaluator's prompt list.
+        token_ids: the generated token ids (empty when the caller did not pass them).
+        repetition: share of repeated 4-grams of ``token_ids`` (metrics/repetition.py).
+    """
 
     id: str
     output: str
@@ -37,6 +54,22 @@ class PromptRecord:
     tokens_per_s: float
     new_tokens: int
     steps: int
+    index: int = -1
+    token_ids: tuple[int, ...] = ()
+    repetition: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The compact per-prompt mapping of the evaluator contract (no text, no token ids)."""
+        return {
+            "index": self.index,
+            "id": self.id,
+            "accept_length": self.accept_length,
+            "metric": self.score,
+            "tokens": self.new_tokens,
+            "steps": self.steps,
+            "repetition": self.repetition,
+            "tokens_per_s": self.tokens_per_s,
+        }
 
 
 @dataclass
@@ -70,6 +103,7 @@ class EvalResult:
             "wall_s": self.wall_s,
             "metric_extras": dict(self.metric_extras),
             "per_prompt_score": [round(p.score, 4) for p in self.prompts],
+            "per_prompt": [p.to_dict() for p in self.prompts],
         }
 
 
@@ -90,6 +124,9 @@ class SpecDecodeEvaluator:
         eos_token_ids: stop tokens.
         system_prompt: optional system message for chat templates.
         show_progress: log one line per prompt.
+        reuse_prefill: in ``"verify"`` scope, prefill each prompt with the dense target once
+            and start every evaluation from a copy (decoding/prefill.py; same tokens, no
+            prompt forward per trial). Costs memory: one KV cache per prompt is kept.
     """
 
     def __init__(
@@ -108,6 +145,7 @@ class SpecDecodeEvaluator:
         eos_token_ids: Sequence[int] = (),
         system_prompt: str | None = None,
         show_progress: bool = True,
+        reuse_prefill: bool = True,
     ) -> None:
         if cost not in COSTS:
             raise ValueError(f"cost={cost!r} is not a cost; expected one of {', '.join(COSTS)}")
@@ -128,35 +166,104 @@ class SpecDecodeEvaluator:
         self.num_layers = target.num_layers
         self.metric_name = metric.name
         self.metric_higher_is_better = metric.higher_is_better
+        self.reuse_prefill = reuse_prefill
         # Tokenise once: every trial runs the same prompts.
-        self.prompt_ids: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
+        self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
+        self._prefills: dict[int, DensePrefill] = {}  # prompt index -> its dense prefill
+        # (skip, next index, drafter) of the last call whose prompts were 0, 1, ..., k - 1:
+        # a call for the same skip set starting at k continues with that drafter, so chunked
+        # evaluation equals one full call even for drafters that learn across prompts.
+        self._chain: tuple[frozenset[int], int, Drafter | None] | None = None
 
-    def __call__(self, skip: frozenset[int]) -> dict[str, Any]:
-        return self.evaluate(skip).to_dict()
+    @property
+    def num_prompts(self) -> int:
+        """Prompts in the evaluator's list (valid ``prompt_ids`` are ``0 .. num_prompts - 1``)."""
+        return len(self.examples)
 
-    def evaluate(self, skip: frozenset[int] | Sequence[int] = frozenset()) -> EvalResult:
-        """Measure one skip set on every prompt."""
+    def __call__(self, skip: frozenset[int], prompt_ids: Sequence[int] | None = None) -> dict[str, Any]:
+        """The evaluator contract: aggregates and ``per_prompt`` over ``prompt_ids`` (all if None)."""
+        return self.evaluate(skip, prompt_ids=prompt_ids).to_dict()
+
+    def evaluate(
+        self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None
+    ) -> EvalResult:
+        """Measure one skip set on every prompt, or on the prompts ``prompt_ids`` in that order.
+
+        Args:
+            skip: target layers to bypass.
+            prompt_ids: indices into the evaluator's prompt list; ``None`` = all, in order. A
+                prompt's figures do not depend on which others run with it (its sampling seed
+                is its index); for a drafter that learns across prompts (Token Recycling) this
+                holds when the calls cover ``0, 1, 2, ...`` in order, chunk after chunk.
+
+        Raises:
+            ValueError: for an empty ``prompt_ids``, an index outside ``[0, num_prompts)`` or a
+                repeated index.
+        """
         skip = frozenset(int(i) for i in skip)
-        engine = SpeculativeEngine(self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids)
+        order = self._check_prompt_ids(prompt_ids)
+        drafter = self._drafter_for(skip, order)
+        engine = SpeculativeEngine(self.target, drafter, eos_token_ids=self.eos_token_ids)
         outputs: list[str] = []
+        tokens: list[list[int]] = []
         stats = []
         t0 = time.perf_counter()
-        for i, ids in enumerate(self.prompt_ids):
+        for n, i in enumerate(order):
             res = engine.generate(
-                ids, max_new_tokens=self.max_new_tokens, skip=skip, scope=self.scope, temperature=self.temperature, seed=i
+                self.prompt_tokens[i], max_new_tokens=self.max_new_tokens, skip=skip, scope=self.scope,
+                temperature=self.temperature, seed=i, prefill=self._prefill(i),
             )
-            text = self.tokenizer.decode(res.tokens, skip_special_tokens=True)
-            outputs.append(text)
+            outputs.append(self.tokenizer.decode(res.tokens, skip_special_tokens=True))
+            tokens.append(res.tokens.tolist())
             stats.append(res.stats)
             if self.show_progress:
                 log.info(
-                    "  skip=%s prompt %d/%d: A=%.2f %.1f tok/s", sorted(skip), i + 1, len(self.examples),
+                    "  skip=%s prompt %d/%d: A=%.2f %.1f tok/s", sorted(skip), n + 1, len(order),
                     res.stats.accept_length, res.stats.tokens_per_s,
                 )
         return aggregate(
-            skip, self.examples, outputs, stats, self.metric, self.extra_metrics, self.num_layers,
-            wall_s=time.perf_counter() - t0, cost=self.cost,
+            skip, [self.examples[i] for i in order], outputs, stats, self.metric, self.extra_metrics,
+            self.num_layers, wall_s=time.perf_counter() - t0, cost=self.cost, tokens=tokens, indices=order,
         )
+
+    def _check_prompt_ids(self, prompt_ids: Iterable[int] | None) -> list[int]:
+        if prompt_ids is None:
+            return list(range(self.num_prompts))
+        order = [int(i) for i in prompt_ids]
+        if not order:
+            raise ValueError("prompt_ids is empty; pass at least one prompt index, or None for all prompts")
+        bad = [i for i in order if not 0 <= i < self.num_prompts]
+        if bad:
+            raise ValueError(
+                f"prompt_ids {bad} are outside 0..{self.num_prompts - 1}; the evaluator has "
+                f"{self.num_prompts} prompts (see num_prompts)"
+            )
+        if len(set(order)) != len(order):
+            dup = sorted({i for i in order if order.count(i) > 1})
+            raise ValueError(f"prompt_ids repeats {dup}; pass each prompt index once")
+        return order
+
+    def _drafter_for(self, skip: frozenset[int], order: list[int]) -> Drafter | None:
+        """A fresh drafter, or the previous call's when this call continues its run of 0..k-1."""
+        contiguous = order == list(range(order[0], order[0] + len(order)))
+        chain = self._chain
+        if contiguous and chain is not None and chain[0] == skip and chain[1] == order[0]:
+            drafter = chain[2]
+        elif contiguous and order[0] == 0:
+            drafter = self.drafter_factory()
+        else:
+            self._chain = None
+            return self.drafter_factory()
+        self._chain = (skip, order[-1] + 1, drafter)
+        return drafter
+
+    def _prefill(self, i: int) -> DensePrefill | None:
+        """Prompt ``i``'s dense prefill, computed on first use (``verify`` scope only)."""
+        if not self.reuse_prefill or self.scope != "verify":
+            return None
+        if i not in self._prefills:
+            self._prefills[i] = dense_prefill(self.target, self.prompt_tokens[i])
+        return self._prefills[i]
 
 
 def aggregate(
@@ -170,13 +277,22 @@ def aggregate(
     *,
     wall_s: float,
     cost: str = "analytic",
+    tokens: Sequence[Sequence[int]] | None = None,
+    indices: Sequence[int] | None = None,
 ) -> EvalResult:
     """Score one skip set's outputs and total its statistics.
 
     A = committed tokens / verification steps pooled over prompts; tokens/s = the mean over
     prompts of tokens / wall time (TSS.md's conventions). Shared by the evaluator and the
     held-out report, which interleaves two skip sets and so cannot call ``evaluate``.
+
+    Args:
+        tokens: per prompt, the generated token ids; give them for the per-prompt
+            ``repetition`` (0.0 without).
+        indices: per prompt, its index in the caller's prompt list (default 0, 1, ...).
     """
+    token_lists = [tuple(int(t) for t in ts) for ts in tokens] if tokens is not None else [()] * len(examples)
+    index_list = list(indices) if indices is not None else list(range(len(examples)))
     refs = [ex.references for ex in examples]
     scored = metric.score(list(outputs), refs)
     extras = dict(scored.extras)
@@ -203,7 +319,10 @@ def aggregate(
             PromptRecord(
                 id=ex.id, output=out, score=sc, accept_length=s.accept_length,
                 tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens, steps=s.steps,
+                index=idx, token_ids=toks, repetition=repeated_ngram_share(toks),
             )
-            for ex, out, sc, s in zip(examples, outputs, scored.per_example, stats)
+            for ex, out, sc, s, idx, toks in zip(
+                examples, outputs, scored.per_example, stats, index_list, token_lists, strict=True
+            )
         ],
     )

@@ -71,7 +71,7 @@ def compare_domain(
             prompts, both built alike.
         domain: The domain (its ``heldout`` split is used).
         skip: The domain's skip set S*.
-        prompts: Held-out prompts to run (``None``: the whole split, 64 in the protocol).
+        prompts: Held-out prompts to run (``None``: the whole split, 48 in the protocol).
         max_new_tokens: Tokens per prompt (``None``: the domain's, 96 in the protocol).
         scope, temperature, eos_token_ids: As for :class:`SpeculativeEngine`.
         warmup: Run a few untimed tokens under each method first.

@@ -19,6 +19,7 @@ from tss_opt.config.enums import Scope
 from tss_opt.evaluation.decoding.accept import accept_greedy, accept_sampling, sample_token
 from tss_opt.evaluation.decoding.cache import keep_accepted
 from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.evaluation.decoding.prefill import DensePrefill
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.decoding.tree import DraftTree
@@ -71,6 +72,7 @@ class SpeculativeEngine:
         scope: SkipScope = "verify",
         temperature: float = 0.0,
         seed: int | None = None,
+        prefill: DensePrefill | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
 
@@ -82,6 +84,9 @@ class SpeculativeEngine:
             temperature: 0 = greedy verification (lossless: equals greedy decoding of the same
                 target); > 0 = speculative sampling (keeps the target's distribution).
             seed: seeds the sampling generator (temperature > 0).
+            prefill: this prompt's dense prefill computed earlier (``prefill.dense_prefill``);
+                the request starts from a copy of it instead of running the prompt (scope
+                ``"verify"`` only; same tokens, ``stats.prefill_layer_forwards`` = 0).
         """
         if scope not in SCOPES:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
@@ -102,15 +107,18 @@ class SpeculativeEngine:
         seq[:P] = prompt
         n_out = 0
         t_start = time.perf_counter()
-        cache = target.new_cache()
         drafter.reset(prompt)
 
         # --- prefill -------------------------------------------------------------------
         ctr = target.skipper
-        with target.skip(skip_set if scope == "all" else ()):
-            before = ctr.executed_layers
-            logits, hidden = target.prefill(prompt, cache)
-            stats.prefill_layer_forwards = ctr.executed_layers - before
+        if prefill is not None:  # reused dense prefill (prefill.py): no prompt forward
+            cache, logits, hidden = prefill.restore(prompt, scope)
+        else:
+            cache = target.new_cache()
+            with target.skip(skip_set if scope == "all" else ()):
+                before = ctr.executed_layers
+                logits, hidden = target.prefill(prompt, cache)
+                stats.prefill_layer_forwards = ctr.executed_layers - before
         first = sample_token(logits[-1], temperature, gen)
         if drafter.needs_prefill_feedback:
             drafter.prefill_feedback(prompt, logits, hidden)
