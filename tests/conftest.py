@@ -18,7 +18,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tss_opt.models import LoadedModel, ModelConfig, load_model
+from tss_opt.models import LoadedModel, ModelConfig, load_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # The embedded model is converted once from its GGUF file into the repository's storage/
