@@ -1,13 +1,24 @@
-"""Shared fixtures: the tiny random model (built in code) and the embedded SmolLM2."""
+"""Shared fixtures: the tiny random model (built in code) and the embedded SmolLM2; one torch
+thread per test process; database tests skipped (with the reason) when the server is absent."""
 
 from __future__ import annotations
 
+import functools
+import os
+import socket
 from pathlib import Path
 
-import pytest
-import torch
+# One thread for this process and every subprocess a test starts (workers, commands): on a
+# shared 2-core machine, 6 model tests took 50 s with two threads and 10 s with one. Set
+# before torch is imported so its thread pools start with it; a test that wants more threads
+# says so itself (torch.set_num_threads, or env= for its subprocesses).
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from tss_opt.models import LoadedModel, ModelConfig, load_model
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tss_opt.models import LoadedModel, ModelConfig, load_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # The embedded model is converted once from its GGUF file into the repository's storage/
@@ -15,8 +26,44 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL_CACHE = REPO / "storage" / "models"
 
 
+# The SQL servers the storage tests use (CI starts both: .ci/run).
+SERVERS = {"postgresql": ("127.0.0.1", 5432), "mysql": ("127.0.0.1", 3306)}
+# CI sets it: a missing server there is a failure, not a skip.
+REQUIRE_SERVERS = os.environ.get("TSS_TEST_REQUIRE_SERVERS") == "1"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    torch.set_num_threads(1)
+
+
+@functools.cache
+def server_up(kind: str) -> bool:
+    """Whether the ``kind`` server accepts TCP connections (checked once per session)."""
+    try:
+        with socket.create_connection(SERVERS[kind], timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _servers_needed(item: pytest.Item) -> set[str]:
+    """Servers a test needs: its ``servers`` marker, or a parametrization on one of them
+    (``kind``/``storage_url`` params, as in tests/search/conftest.py)."""
+    kinds = {k for m in item.iter_markers("servers") for k in m.args}
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        kinds |= {v for v in callspec.params.values() if isinstance(v, str) and v in SERVERS}
+    return kinds
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for kind in sorted(_servers_needed(item)):
+        if not server_up(kind):
+            host, port = SERVERS[kind]
+            reason = f"{kind} server not reachable at {host}:{port} (start it to run this test)"
+            if REQUIRE_SERVERS:
+                pytest.fail(f"{reason}; TSS_TEST_REQUIRE_SERVERS=1 makes this a failure")
+            pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

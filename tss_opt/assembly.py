@@ -73,7 +73,9 @@ def require_domain(cfg: DictConfig) -> Domain:
     from tss_opt.evaluation.domains import available_domains, load_domain
 
     if cfg.get("domain") is None:
-        names = available_domains([config_dir()])
+        from tss_opt.config.search_path import domain_config_dirs
+
+        names = available_domains(domain_config_dirs())
         raise UsageError(f"no domain chosen; add +domain=NAME (available: {', '.join(names)})")
     domain_cfg = OmegaConf.to_container(cfg.domain, resolve=True)
     return load_domain(domain_cfg)

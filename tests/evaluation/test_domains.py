@@ -266,7 +266,7 @@ def test_unknown_metric_lists_available(tmp_path: Path, key: str) -> None:
         load_domain(small_config(path, **{key: value}))
     message = str(info.value)
     assert f"Domain 'tiny', {key}: Unknown metric 'rouge'. Did you mean 'rouge_l'?" in message
-    assert "Available: bleu, exact_match, mmlu_accuracy, rouge_l, token_f1" in message
+    assert "Available: bleu, exact_match, mmlu_accuracy, non_repetition, numeric_match, rouge_l, token_f1" in message
 
 
 def test_split_sizes_exceed_pool(tmp_path: Path) -> None:
@@ -421,3 +421,51 @@ def test_format_prompt_shipped_example(tokenizer: Any) -> None:
     domain = load_domain(read_domain_config("translation", [CONF_DIR]))
     ids = format_prompt(tokenizer, domain.pool[0], domain.config.system_prompt)
     assert ids.dim() == 1 and ids.numel() > 7
+
+
+# --- reference_field, reference_pattern (data as users have it) ------------------------------
+
+
+def test_singular_reference_field_with_gsm8k_pattern(tmp_path: Path) -> None:
+    rows = [
+        {"id": f"g{i}", "question": f"What is {i} + {i}?", "reference": f"{i} plus {i} is {2 * i}.\n#### {2 * i:,}"}
+        for i in range(1000, 1006)
+    ]
+    path = write_jsonl(tmp_path / "gsm.jsonl", rows)
+    domain = load_domain(
+        small_config(
+            path, prompt_template="{question}", metric="numeric_match",
+            reference_field="reference", reference_pattern=r"####\s*(.+)",
+        )
+    )
+    assert [ex.references for ex in domain.pool[:2]] == [("2,000",), ("2,002",)]
+    result = domain.metric.score(["The answer is 2000.", "It is 2,003"], [ex.references for ex in domain.pool[:2]])
+    assert result.per_example == [1.0, 0.0]
+
+
+def test_reference_field_accepts_a_bare_number(tmp_path: Path) -> None:
+    rows = [{"id": str(i), "prompt": "p", "answer": i} for i in range(5)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    domain = load_domain(small_config(path, metric="numeric_match", reference_field="answer"))
+    assert domain.pool[3].references == ("3",)
+
+
+def test_missing_reference_field_names_the_field(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", records(5))
+    with pytest.raises(DomainError, match=r"no references.*'answer' \(reference_field\)"):
+        load_domain(small_config(path, reference_field="answer"))
+
+
+def test_reference_pattern_errors(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", records(5))
+    with pytest.raises(DomainError, match=r"reference_pattern '\(' is not a valid regular expression"):
+        load_domain(small_config(path, reference_pattern="("))
+    with pytest.raises(DomainError, match=r"d\.jsonl:1: reference 'ref 0' does not match reference_pattern"):
+        load_domain(small_config(path, reference_pattern=r"####\s*(.+)"))
+
+
+def test_reference_free_shipped_metric(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"id": str(i), "prompt": "p"} for i in range(5)])
+    domain = load_domain(small_config(path, metric="non_repetition"))
+    assert domain.metric.higher_is_better and not domain.metric.needs_references
+    assert all(ex.references == () for ex in domain.pool)

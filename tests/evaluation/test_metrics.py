@@ -31,12 +31,12 @@ def score(name: str, predictions: list[str], references: list[list[str]]) -> Met
 
 
 def test_available_metrics_and_directions() -> None:
-    assert available_metrics() == ["bleu", "exact_match", "mmlu_accuracy", "rouge_l", "token_f1"]
+    assert available_metrics() == ["bleu", "exact_match", "mmlu_accuracy", "non_repetition", "numeric_match", "rouge_l", "token_f1"]
     for name in available_metrics():
         metric = get_metric(name)
         assert metric.name == name
         assert metric.higher_is_better is True
-        assert metric.needs_references is True
+        assert metric.needs_references is (name != "non_repetition")
 
 
 def test_unknown_metric_suggests_and_lists() -> None:
@@ -45,7 +45,7 @@ def test_unknown_metric_suggests_and_lists() -> None:
     message = str(info.value)
     assert "Unknown metric 'rouge'" in message
     assert "Did you mean 'rouge_l'?" in message
-    assert "bleu, exact_match, mmlu_accuracy, rouge_l, token_f1" in message
+    assert "bleu, exact_match, mmlu_accuracy, non_repetition, numeric_match, rouge_l, token_f1" in message
     assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
 
 
@@ -229,3 +229,35 @@ def test_mmlu_accuracy() -> None:
     )
     assert result.per_example == [1.0, 0.0, 0.0, 1.0]
     assert result.value == pytest.approx(0.5)
+
+
+# --- numeric_match and the reference-free non_repetition -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prediction", "reference", "expected"),
+    [
+        ("So she pays 3 * 4 = 12 dollars. The answer is 12.", "12", 1.0),
+        ("The total is 1,234,567", "1234567", 1.0),
+        ("It is 42.0", "42", 1.0),
+        ("-3 degrees", "-3", 1.0),
+        ("First 12, then 13", "12", 0.0),  # the last number counts
+        ("no number here", "12", 0.0),
+        ("7", "#### 7", 1.0),  # a reference's last number is read the same way
+    ],
+)
+def test_numeric_match(prediction: str, reference: str, expected: float) -> None:
+    from tss_opt.evaluation.metrics import get_metric
+
+    assert get_metric("numeric_match").score([prediction], [[reference]]).value == expected
+
+
+def test_non_repetition_is_reference_free_and_punishes_loops() -> None:
+    from tss_opt.evaluation.metrics import get_metric
+
+    m = get_metric("non_repetition")
+    assert m.higher_is_better and not m.needs_references
+    res = m.score(["a fluent sentence with no loops at all", "the cat the cat the cat the cat", ""], [[], [], []])
+    assert res.per_example[0] == 1.0
+    assert res.per_example[1] < 0.5
+    assert res.per_example[2] == 0.0

@@ -86,3 +86,34 @@ def test_empty_mapping_serves_dense_without_fitting_a_router(tmp_path, caplog):
     assert any("has no domains" in r.getMessage() for r in caplog.records)
     res = c.generate("hello")
     assert res.domain is None and res.skip_set == frozenset()
+
+
+def test_serve_applies_the_domain_system_prompt_as_the_search_did(write_mapping, tmp_path, monkeypatch):
+    """A mapped user domain's ``system_prompt`` (from its --config-dir YAML) is in the request
+    ids, exactly as ``format_prompt`` built the search's prompts; other domains get none."""
+    from tss_opt.evaluation.decoding import engine as engine_mod
+    from tss_opt.evaluation.domains import Example, format_prompt
+    from tss_opt.runtime import domain_system_prompts
+
+    conf = tmp_path / "user_conf"
+    (conf / "domain").mkdir(parents=True)
+    (conf / "domain" / "mine.yaml").write_text("name: mine\ndata: unused.jsonl\nsystem_prompt: Answer with one number.\n")
+    prompts = domain_system_prompts(["mine", "qa"], config_dirs=[config_dir(), conf])
+    assert prompts == {"mine": "Answer with one number.", "qa": None}
+
+    seen = []
+    real = engine_mod.SpeculativeEngine.generate
+
+    def spy(self, ids, *args, **kwargs):
+        seen.append(ids.tolist())
+        return real(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine_mod.SpeculativeEngine, "generate", spy)
+    c = TSSController.from_config(make_cfg(f"mapping_path={write_mapping({'mine': [1], 'qa': [2]})}", "request_domain=mine"))
+    c.system_prompts = {d: p for d, p in prompts.items() if p}
+    c.generate("What is 6 times 7?", "mine")
+    c.generate("What is 6 times 7?", "qa")
+    tok = c.tokenizer
+    ex = Example(id="x", prompt="What is 6 times 7?", references=())
+    assert seen[0] == format_prompt(tok, ex, "Answer with one number.").tolist()
+    assert seen[1] == format_prompt(tok, ex, None).tolist()

@@ -77,6 +77,7 @@ def test_sqlite_transactions_begin_immediate_in_wal_mode(tmp_path) -> None:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
+@pytest.mark.servers("postgresql", "mysql")
 def test_server_backends_open() -> None:
     for url in (POSTGRES_URL, MYSQL_URL):
         storage = open_storage(url, heartbeat_interval=2, grace_period=5)
@@ -120,11 +121,29 @@ def test_study_lock_excludes_other_processes(kind: str, tmp_path) -> None:
     assert counter.read_text() == "15"
 
 
-def test_study_lock_is_reentrant_in_one_thread(tmp_path) -> None:
-    storage = open_storage(f"sqlite:///{tmp_path / 'tss.db'}")
-    with study_lock(storage, "k"):
-        with study_lock(storage, "k"):
-            pass
-    in_memory = optuna.storages.InMemoryStorage()
-    with study_lock(in_memory, "k"):
-        pass
+def _try_in_other_thread(storage, key: str) -> bool:
+    """Whether another thread gets ``key`` without waiting."""
+    import threading
+
+    got: list[bool] = []
+
+    def take() -> None:
+        with study_lock(storage, key, blocking=False) as held:
+            got.append(held)
+
+    t = threading.Thread(target=take)
+    t.start()
+    t.join(timeout=30)
+    return got == [True]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_study_lock_is_reentrant_in_one_thread_and_excludes_others(kind: str, tmp_path) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path / 'tss.db'}") if kind == "sqlite" else optuna.storages.InMemoryStorage()
+    with study_lock(storage, "k") as outer:
+        # The nested call neither deadlocks nor releases the outer hold when it ends.
+        with study_lock(storage, "k", timeout=2) as inner:
+            assert outer is True and inner is True
+            assert not _try_in_other_thread(storage, "k")
+        assert not _try_in_other_thread(storage, "k")
+    assert _try_in_other_thread(storage, "k")  # released after the outer block

@@ -12,22 +12,26 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from tss_opt.cli.common import hydra_entry
+from tss_opt.config.search_path import config_dir_args
 from tss_opt.errors import UsageError
 
 log = logging.getLogger("tss_opt.cli")
 
 
-def worker_commands(overrides: list[str], devices: list[str]) -> list[list[str]]:
-    """``python -m tss_opt <overrides> device=<d>`` for every device (``devices=`` dropped)."""
+def worker_commands(overrides: list[str], devices: list[str], config_dirs: list[str] | None = None) -> list[list[str]]:
+    """``python -m tss_opt [--config-dir DIR ...] <overrides> device=<d>`` for every device
+    (``devices=`` dropped). ``config_dirs``: the ``--config-dir`` arguments the launcher got,
+    passed on so that workers find the same user domains."""
     keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("devices", "device")]
-    return [[sys.executable, "-m", "tss_opt", *keep, f"device={d}"] for d in devices]
+    dirs = list(config_dirs or [])
+    return [[sys.executable, "-m", "tss_opt", *dirs, *keep, f"device={d}"] for d in devices]
 
 
 def launch(cfg: DictConfig) -> int:
     devices = list(cfg.get("devices") or [])
     if not devices:
         raise UsageError("no devices listed; add devices=[cuda:0,cuda:1] (or devices=[cpu,cpu])")
-    cmds = worker_commands(list(HydraConfig.get().overrides.task), devices)
+    cmds = worker_commands(list(HydraConfig.get().overrides.task), devices, config_dir_args())
     procs = []
     for cmd in cmds:
         log.info("starting worker: %s", " ".join(cmd[1:]))

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tss_opt.assembly import assemble
 from tss_opt.cli.common import hydra_entry
-from tss_opt.config import config_dir
+from tss_opt.config.search_path import domain_config_dirs
 from tss_opt.errors import UsageError
 from tss_opt.evaluation.domains import Domain, load_domain, read_domain_config
 from tss_opt.mapping import DomainMapping, load_mapping
@@ -31,7 +31,8 @@ log = logging.getLogger("tss_opt.report")
 def report_domains(cfg: DictConfig, mapping: DomainMapping) -> list[Domain]:
     """The domains to report on, loaded: ``report_domains`` or every mapped domain.
 
-    A ``+domain=NAME`` config of the same name wins over the shipped one (custom data).
+    A ``+domain=NAME`` config of the same name wins over the shipped one (custom data);
+    other names are looked up in the shipped ``conf/`` and every ``--config-dir``.
     """
     names = list(cfg.get("report_domains") or []) or mapping.domains
     if not names:
@@ -48,7 +49,7 @@ def report_domains(cfg: DictConfig, mapping: DomainMapping) -> list[Domain]:
         if chosen is not None and chosen.get("name") == name:
             out.append(load_domain(OmegaConf.to_container(chosen, resolve=True)))  # type: ignore[arg-type]
         else:
-            out.append(load_domain(read_domain_config(name, [config_dir()])))
+            out.append(load_domain(read_domain_config(name, domain_config_dirs())))
     return out
 
 

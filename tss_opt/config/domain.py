@@ -22,6 +22,11 @@ class DomainConfig:
         system_prompt: Optional system message for chat templates (prepended to plain text
             otherwise).
         metric: The search objective, a name in the metrics registry.
+        reference_field: The record field holding the reference(s): a string or a list of
+            strings.
+        reference_pattern: Optional regex applied to each reference; group 1 (or the whole
+            match when the pattern has no group) is the reference used. A reference it does
+            not match is an error naming the record.
         extra_metrics: Further registered metrics reported beside it.
         max_new_tokens: Generation length per prompt (greedy).
         pool_size: Records kept from the start of the data (file order).
@@ -37,6 +42,8 @@ class DomainConfig:
     prompt_template: str = "{prompt}"
     system_prompt: str | None = None
     metric: str = "rouge_l"
+    reference_field: str = "references"
+    reference_pattern: str | None = None
     extra_metrics: list[str] = field(default_factory=list)
     max_new_tokens: int = 96
     pool_size: int = 80

@@ -14,7 +14,11 @@ Data sources (``DomainConfig.data``):
   and network access); each row is one record.
 
 Each record is a JSON object ``{"id": str, "prompt": str, "references": [str, ...], ...}``;
-the user message is ``prompt_template.format(**record)``, so templates may use any field.
+the user message is ``prompt_template.format(**record)``, so templates may use any field. The
+references are read from ``reference_field`` (a string or a list of strings; default
+``references``); an optional ``reference_pattern`` regex cuts the answer out of each reference
+(group 1, or the whole match without a group), as lm-evaluation-harness's regex filters do, e.g.
+``"####\\s*(.+)"`` for GSM8K's ``"... #### 42"``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import difflib
 import json
 import random
+import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,7 +182,26 @@ def _check_config(config: DomainConfig) -> list[Metric]:
         except UnknownMetricError as e:
             raise DomainError(f"Domain {config.name!r}, {key}: {e}") from e
     _template_fields(config)
+    _reference_regex(config)
     return metrics
+
+
+def _reference_regex(config: DomainConfig) -> re.Pattern[str] | None:
+    """The compiled ``reference_pattern`` (``None`` when unset)."""
+    if not config.reference_field.strip():
+        raise DomainError(
+            f"Domain {config.name!r}: reference_field is empty; name the record field holding "
+            "the answers, e.g. reference_field: references."
+        )
+    if config.reference_pattern is None:
+        return None
+    try:
+        return re.compile(config.reference_pattern)
+    except re.error as e:
+        raise DomainError(
+            f"Domain {config.name!r}: reference_pattern {config.reference_pattern!r} is not a "
+            f"valid regular expression ({e}); group 1 must capture the answer, e.g. '####\\s*(.+)'."
+        ) from e
 
 
 def _template_fields(config: DomainConfig) -> list[str]:
@@ -282,16 +306,33 @@ def _read_records(data: str, domain: str) -> tuple[str, list[tuple[int, dict[str
     return label, records
 
 
-def _references(value: Any, where: str) -> tuple[str, ...]:
+def _references(value: Any, where: str, config: DomainConfig | None = None) -> tuple[str, ...]:
+    field_name = config.reference_field if config is not None else "references"
     if value is None:
         return ()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # a bare number ("reference": 42) is what numeric answers look like
     if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise DomainError(
-        f"{where}: 'references' must be a string or a list of strings, got {value!r}."
-    )
+        refs: tuple[str, ...] = (value,)
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        refs = tuple(value)
+    else:
+        raise DomainError(
+            f"{where}: {field_name!r} must be a string or a list of strings, got {value!r}."
+        )
+    pattern = _reference_regex(config) if config is not None else None
+    if pattern is None:
+        return refs
+    out = []
+    for ref in refs:
+        m = pattern.search(ref)
+        if m is None:
+            raise DomainError(
+                f"{where}: reference {ref!r} does not match reference_pattern "
+                f"{pattern.pattern!r}; fix the record or the pattern."
+            )
+        out.append((m.group(1) if pattern.groups else m.group(0)).strip())
+    return tuple(out)
 
 
 def _make_example(record: dict[str, Any], where: str, config: DomainConfig, line: int) -> Example:
@@ -316,7 +357,7 @@ def _make_example(record: dict[str, Any], where: str, config: DomainConfig, line
     return Example(
         id=str(raw_id),
         prompt=prompt,
-        references=_references(record.get("references"), where),
+        references=_references(record.get(config.reference_field), where, config),
         fields=record,
     )
 
@@ -356,8 +397,9 @@ def load_domain(cfg: DomainConfig | Mapping[str, Any]) -> Domain:
         if needs_refs and not example.references:
             raise DomainError(
                 f"{where}: record {example.id!r} has no references, but metric "
-                f"{', '.join(map(repr, needs_refs))} needs them; add 'references' or choose a "
-                "reference-free metric."
+                f"{', '.join(map(repr, needs_refs))} needs them; add the field "
+                f"{config.reference_field!r} (reference_field), or choose the reference-free "
+                "metric non_repetition."
             )
         pool.append(example)
     return Domain(config, pool, source=label)

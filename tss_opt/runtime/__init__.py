@@ -12,6 +12,7 @@ from tss_opt.runtime.background import BACKGROUND_PROMPTS
 from tss_opt.runtime.controller import (
     ControllerResult,
     TSSController,
+    domain_system_prompts,
     load_or_fit_router,
     router_cache_path,
     router_domains,
@@ -36,6 +37,7 @@ __all__ = [
     "RouterError",
     "RoutingReport",
     "TSSController",
+    "domain_system_prompts",
     "domains_fingerprint",
     "embed_prompt",
     "load_or_fit_router",

@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +47,14 @@ if TYPE_CHECKING:
     from tss_opt.assembly import Assembly
     from tss_opt.evaluation.domains import Domain
 
-__all__ = ["ControllerResult", "TSSController", "load_or_fit_router", "router_cache_path", "router_domains"]
+__all__ = [
+    "ControllerResult",
+    "TSSController",
+    "domain_system_prompts",
+    "load_or_fit_router",
+    "router_cache_path",
+    "router_domains",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +109,9 @@ class TSSController:
             ``"all"``.
         temperature: 0 = greedy (lossless with respect to the sparse target).
         max_new_tokens: Default generation length.
+        system_prompts: Per domain, the system message its requests get (the domain config's
+            ``system_prompt``, as the search formatted its prompts); text requests of other
+            domains, and unlabeled ones routed nowhere, get none.
 
     Raises:
         MappingError: The mapping file is missing or corrupt, or was searched on another
@@ -121,6 +131,7 @@ class TSSController:
         scope: str = "verify",
         temperature: float = 0.0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        system_prompts: Mapping[str, str | None] | None = None,
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
@@ -137,6 +148,7 @@ class TSSController:
         self.scope = scope
         self.temperature = float(temperature)
         self.max_new_tokens = int(max_new_tokens)
+        self.system_prompts = {d: p for d, p in (system_prompts or {}).items() if p}
         if not mapping.entries:
             log.warning("the mapping %s has no domains: every request runs dense", mapping.path or "")
         # Validated once here rather than per request: a bad entry fails at start-up.
@@ -219,11 +231,17 @@ class TSSController:
             max_new_tokens: Generation length (default: the controller's).
             temperature: Overrides the controller's temperature.
             seed: Seeds sampling (temperature > 0).
-            system_prompt: Optional system message for text prompts.
+            system_prompt: System message for text prompts; ``None``: the resolved domain's
+                (``system_prompts``), if any.
         """
+        # The router embeds prompts without a system message (as it was fitted); the domain's
+        # own system message is added once the domain is known.
         ids = self.prompt_ids(prompt, system_prompt)
         with self._lock:
             resolved, decision = self.resolve(ids, domain)
+            own = self.system_prompts.get(resolved) if resolved is not None else None
+            if isinstance(prompt, str) and system_prompt is None and own:
+                ids = self.prompt_ids(prompt, own)
             skip = self.skip_set_for(resolved)
             engine = SpeculativeEngine(self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids)
             res = engine.generate(
@@ -277,6 +295,7 @@ class TSSController:
             )
         if with_router is None:
             with_router = not cfg.get("request_domain")
+        system_prompts = domain_system_prompts(mapping.domains, cfg.get("domain"))
         router = None
         # With no mapped domain every request runs dense: no need to fit a router.
         if with_router and mapping.entries:
@@ -292,7 +311,41 @@ class TSSController:
             scope=str(cfg.scope),
             temperature=float(cfg.temperature),
             max_new_tokens=int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
+            system_prompts=system_prompts,
         )
+
+
+def domain_system_prompts(
+    domains: Iterable[str], chosen: Any = None, config_dirs: Sequence[str | os.PathLike[str]] | None = None
+) -> dict[str, str | None]:
+    """Each domain's ``system_prompt``, read from its config as the search read it.
+
+    Args:
+        domains: The mapped domain names.
+        chosen: A composed ``+domain=NAME`` config; it wins for its own name.
+        config_dirs: Where ``domain/<name>.yaml`` is looked up; ``None``: the shipped
+            ``conf/`` and the running command's ``--config-dir`` folders.
+
+    A domain whose config is not found is logged (its requests get no system message).
+    """
+    from tss_opt.config.search_path import domain_config_dirs
+    from tss_opt.evaluation.domains import DomainError, read_domain_config
+
+    dirs = list(config_dirs) if config_dirs is not None else domain_config_dirs()
+    chosen_name = chosen.get("name") if chosen is not None else None
+    out: dict[str, str | None] = {}
+    for name in domains:
+        if name == chosen_name:
+            out[name] = chosen.get("system_prompt")
+            continue
+        try:
+            out[name] = read_domain_config(name, dirs).system_prompt
+        except DomainError as e:
+            log.warning(
+                "domain %r: no config found (%s); its requests get no system prompt. Pass the "
+                "search's --config-dir to apply it.", name, e,
+            )
+    return out
 
 
 def _check_mapping_model(mapping: DomainMapping, model_id: str | None, num_layers: int) -> None:
@@ -314,13 +367,19 @@ def router_cache_path(mapping_path: str | os.PathLike[str], model_id: str) -> Pa
     return Path(mapping_path).with_name(f"router.{slug}.json")
 
 
-def router_domains(extra: Iterable[str] = ()) -> list[Domain]:
-    """The shipped domains (``conf/domain/*.yaml``) plus ``extra`` names found there.
+def router_domains(extra: Iterable[str] = (), config_dirs: Sequence[str | os.PathLike[str]] | None = None) -> list[Domain]:
+    """The domains of the config folders (``<dir>/domain/*.yaml``) plus ``extra`` names found
+    there.
 
-    Fitting on every shipped domain, mapped or not, keeps a prompt that resembles an unmapped
+    Fitting on every known domain, mapped or not, keeps a prompt that resembles an unmapped
     domain from being pushed into a mapped one.
+
+    Args:
+        extra: Names that must be included (the mapped domains).
+        config_dirs: Where domain configs are looked up; ``None``: the shipped ``conf/`` and
+            the running command's ``--config-dir`` folders.
     """
-    from tss_opt.config import config_dir
+    from tss_opt.config.search_path import domain_config_dirs
     from tss_opt.evaluation.domains import (
         DomainError,
         available_domains,
@@ -328,11 +387,12 @@ def router_domains(extra: Iterable[str] = ()) -> list[Domain]:
         read_domain_config,
     )
 
-    names = sorted(set(available_domains([config_dir()])) | set(extra))
+    dirs = list(config_dirs) if config_dirs is not None else domain_config_dirs()
+    names = sorted(set(available_domains(dirs)) | set(extra))
     out = []
     for name in names:
         try:
-            out.append(load_domain(read_domain_config(name, [config_dir()])))
+            out.append(load_domain(read_domain_config(name, dirs)))
         except DomainError as e:
             log.warning("router: domain %r left out (%s)", name, e)
     return out

@@ -13,6 +13,7 @@ from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.evaluator import Evaluator, describe_evaluator
+from tss_opt.search.note import save_search_note
 from tss_opt.search.progress import Progress
 from tss_opt.search.result import SearchResult, build_result
 from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
@@ -125,6 +126,7 @@ def run_search(
             metric_name=info.metric_name,
         )
         study.set_user_attr("result", result.summary())
+        save_search_note(study, result)
         progress.finished(result.stop_reason, result.best, result.pareto, len(result.trials))
         return result
 
