@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-# Importing the decoding package first: `import tss_opt.evaluation.decoding.drafters` on its own hits a
-# circular import (drafters.base -> decoding.tree -> decoding/__init__ -> engine -> drafters.base).
-import tss_opt.evaluation.decoding  # noqa: F401
 from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
 TINY_ID = "tiny-llama-4l-seed0"

@@ -128,3 +128,20 @@ def test_missing_or_corrupt_mapping_is_a_clear_error(tiny, tiny_target, tmp_path
 def test_bad_scope_is_refused(tiny, tiny_target, write_mapping):
     with pytest.raises(ValueError, match="scope='both'"):
         TSSController(tiny_target, tiny.tokenizer, write_mapping(SKIPS), pld, (), model_id=TINY_ID, scope="both")
+
+
+def test_same_seed_same_output(tiny_target, tiny, write_mapping) -> None:
+    """Issue 15: a seeded request is reproducible through the controller, also with a drafter
+    that samples its drafts (its stream restarts per request)."""
+    from tss_opt.evaluation.decoding.drafters import DraftModelDrafter
+
+    def drafter() -> DraftModelDrafter:
+        return DraftModelDrafter(tiny.model, num_tokens=3, temperature=0.8, skip=[2], seed=1)
+
+    c = TSSController(tiny_target, tiny.tokenizer, write_mapping(SKIPS), drafter, (), model_id=TINY_ID,
+                      temperature=0.8, max_new_tokens=16)
+    domain = next(iter(SKIPS))
+    a = c.generate("tell me", domain, seed=4).tokens.tolist()
+    b = c.generate("tell me", domain, seed=4).tokens.tolist()
+    other = c.generate("tell me", domain, seed=5).tokens.tolist()
+    assert a == b and a != other

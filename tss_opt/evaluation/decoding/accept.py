@@ -1,28 +1,92 @@
 """Acceptance rules: which drafted nodes the target keeps, and its own next token.
 
 Greedy verification keeps the longest root-to-leaf path whose tokens equal the target's
-argmax at every step, then adds the target's token after it (the bonus/correction). With
-temperature > 0, speculative sampling (Leviathan et al. 2023; Chen et al. 2023) keeps the
-target's distribution exactly.
+argmax at every step, then adds the target's token after it (the bonus/correction).
+
+With temperature > 0 there are two exact rules:
+
+- :func:`accept_coupled`, for drafters whose proposals are deterministic (no ``probs``: prompt
+  lookup, Token Recycling, SAMD, EAGLE's tree, greedy draft models). The target's token at
+  output position ``t`` is drawn by a :class:`PositionalSampler` whose randomness depends only
+  on ``(seed, t)``; a drafted node is kept when it equals that draw. Kept with probability
+  ``p(x)``, else the draw (distributed as the residual ``p`` without ``x``): the same law as
+  speculative sampling with a one-hot ``q``, but the output is *exactly* the one plain
+  sampling with the same seed gives, whatever was drafted (so a drafter's state, such as a
+  Token Recycling table kept across requests, can never change a seeded output). Trees work
+  too: the walk follows the child equal to each draw.
+- :func:`accept_sampling`, speculative sampling (Leviathan et al. 2023; Chen et al. 2023) for
+  chains drafted from a distribution ``q`` (a draft model sampling at temperature > 0), whose
+  acceptance ``sum(min(p, q))`` beats the coupled rule's.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 
 from tss_opt.evaluation.decoding.tree import DraftTree
 
 
-def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """Greedy (temperature 0) or a draw from ``softmax(logits / T)``.
+class PositionalSampler:
+    """Draws the target's token at output position ``t`` from ``softmax(logits / T)`` with a
+    generator seeded by ``(seed, t)`` alone.
+
+    The draw at a position is the same whether that position is reached by plain decoding or
+    inside a verified draft, and whatever happened at other positions: speculative decoding
+    with :func:`accept_coupled` then reproduces plain sampling token for token.
 
     Args:
-        logits: ``torch.FloatTensor`` of shape ``(vocab,)``.
+        temperature: > 0.
+        seed: the request's seed; ``None`` draws one at random (a fresh request stream).
     """
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+
+    def __init__(self, temperature: float, seed: int | None) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature}; a sampler needs temperature > 0")
+        self.temperature = temperature
+        self.seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else int(seed)
+
+    def draw(self, logits: torch.Tensor, position: int) -> int:
+        """The token at output ``position`` (0 = the first generated token).
+
+        Args:
+            logits: ``torch.FloatTensor`` of shape ``(vocab,)``.
+        """
+        # Inverse-CDF draw with a uniform hashed from (seed, position): independent across
+        # positions and seeds, platform independent, and no torch.Generator (whose seeding
+        # keeps only 32 bits, which made neighbouring streams collide).
+        digest = hashlib.blake2b(f"{self.seed}:{position}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "big") / 2**64
+        cdf = torch.softmax(logits.double() / self.temperature, dim=-1).cumsum(0)
+        idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+        return min(idx, cdf.numel() - 1)
+
+
+def accept_coupled(
+    tree: DraftTree, logits: torch.Tensor, sampler: PositionalSampler, position: int
+) -> tuple[list[int], list[int]]:
+    """Walk the tree along the sampler's draws (deterministic drafts, temperature > 0).
+
+    Args:
+        logits: ``torch.FloatTensor`` of shape ``(n + 1, vocab)``, rows ``[root, node_0, ...]``.
+        position: output position of the token after the root (the first one this step commits).
+
+    Returns:
+        ``(accepted, committed)`` as :func:`accept_greedy`.
+    """
+    tokens = tree.tokens.tolist()
+    kids = tree.children()
+    accepted: list[int] = []
+    row = 0
+    while True:
+        # Row ``row`` predicts the token at position + depth; depth = len(accepted).
+        want = sampler.draw(logits[row], position + len(accepted))
+        nxt = next((c for c in kids[row] if tokens[c] == want), None)
+        if nxt is None:
+            return accepted, [tokens[i] for i in accepted] + [want]
+        accepted.append(nxt)
+        row = nxt + 1
 
 
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], list[int]]:

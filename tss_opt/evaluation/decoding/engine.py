@@ -1,9 +1,10 @@
 """Speculative decoding with a skippable target (batch size 1).
 
-The loop, in the stages of the data flow: ``prefill`` the prompt, then repeat ``draft``
-(the drafter proposes a tree below the last committed token), ``verify`` (one target forward
-over the whole tree), ``accept`` (longest matching path plus the target's bonus token) and
-roll the cache back to the accepted path. Chains are one-branch trees: one verification path.
+The loop, in the stages of the data flow, one method each: ``prefill`` the prompt, then
+repeat ``draft`` (the drafter proposes a tree below the last committed token), ``verify``
+(one target forward over the whole tree), ``accept`` (longest matching path plus the target's
+bonus token; the cache is rolled back to it) and ``commit`` (append, stop at EOS, let the
+drafter learn). Chains are one-branch trees: one verification path.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from tss_opt.config.enums import Scope
-from tss_opt.evaluation.decoding.accept import accept_greedy, accept_sampling, sample_token
+from tss_opt.evaluation.decoding.accept import (
+    PositionalSampler,
+    accept_coupled,
+    accept_greedy,
+    accept_sampling,
+)
 from tss_opt.evaluation.decoding.cache import keep_accepted
 from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.evaluation.decoding.prefill import DensePrefill
@@ -48,8 +54,43 @@ class GenerationResult:
     stats: DecodeStats
 
 
+@dataclass
+class _Request:
+    """The state of one request while it decodes (what the named steps share).
+
+    Attributes:
+        prompt: ``torch.LongTensor`` of shape ``(P,)``.
+        seq: ``torch.LongTensor`` of shape ``(P + max_new_tokens,)``: prompt, then committed
+            tokens (``seq[: P + n_out]`` is the context the drafter sees).
+        n_out: tokens committed so far.
+        cache: the target's KV cache; ``prefix_len`` tokens are cached in layers that run.
+        sampler: draws the target's tokens when ``temperature > 0`` (deterministic drafts).
+        generator: the stream of speculative sampling for stochastic drafts (``q`` given).
+    """
+
+    prompt: torch.Tensor
+    seq: torch.Tensor
+    max_new_tokens: int
+    stats: DecodeStats
+    cache: Any
+    prefix_len: int
+    temperature: float
+    sampler: PositionalSampler | None
+    generator: torch.Generator | None
+    n_out: int = 0
+    done: bool = False
+
+    @property
+    def context(self) -> torch.Tensor:
+        """``torch.LongTensor`` of shape ``(P + n_out,)``: prompt and committed tokens."""
+        return self.seq[: len(self.prompt) + self.n_out]
+
+
 class SpeculativeEngine:
     """Generates with a drafter and a target that may bypass a skip set.
+
+    :meth:`generate` runs the stages of the data flow as named steps: :meth:`prefill`, then
+    per step :meth:`draft`, :meth:`verify`, :meth:`accept` and :meth:`commit`.
 
     Args:
         target: the verifier.
@@ -82,8 +123,10 @@ class SpeculativeEngine:
             scope: ``"verify"`` skips only in verification forwards after a dense prefill (the
                 paper's setting); ``"all"`` skips in every target forward, prefill included.
             temperature: 0 = greedy verification (lossless: equals greedy decoding of the same
-                target); > 0 = speculative sampling (keeps the target's distribution).
-            seed: seeds the sampling generator (temperature > 0).
+                target); > 0 = sampling that keeps the target's distribution. With a seed the
+                output is reproducible: for deterministic drafters it equals plain sampling
+                with that seed token for token (:func:`accept_coupled`).
+            seed: seeds the request's sampling (temperature > 0); ``None``: a random seed.
             prefill: this prompt's dense prefill computed earlier (``prefill.dense_prefill``);
                 the request starts from a copy of it instead of running the prompt (scope
                 ``"verify"`` only; same tokens, ``stats.prefill_layer_forwards`` = 0).
@@ -92,90 +135,154 @@ class SpeculativeEngine:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}; expected a positive integer")
-        target, drafter = self.target, self.drafter
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()
-        P = int(prompt.numel())
-        if P == 0:
+        if prompt.numel() == 0:
             raise ValueError("the prompt is empty; give at least one token")
-        target.check_fits(P, max_new_tokens)
+        self.target.check_fits(int(prompt.numel()), max_new_tokens)
         skip_set = frozenset(int(i) for i in skip)
-        gen = torch.Generator().manual_seed(seed) if (temperature > 0 and seed is not None) else None
-        stats = DecodeStats(prompt_tokens=P, num_layers=target.num_layers, skipped_layers=len(skip_set))
+        t_start = time.perf_counter()
+        req = self.prefill(prompt, max_new_tokens, skip_set, scope, temperature, seed, prefill)
+        with self.target.skip(skip_set):
+            while not req.done and req.n_out < req.max_new_tokens:
+                t0 = time.perf_counter()
+                tree = self.draft(req)
+                t1 = time.perf_counter()
+                logits, hidden = self.verify(req, tree)
+                accepted, committed = self.accept(req, tree, logits)
+                t2 = time.perf_counter()
+                self.commit(req, tree, accepted, committed, logits, hidden)
+                t3 = time.perf_counter()
+                req.stats.draft_s += (t1 - t0) + (t3 - t2)
+                req.stats.verify_s += t2 - t1
+        req.stats.new_tokens = req.n_out
+        req.stats.total_s = time.perf_counter() - t_start
+        P = len(req.prompt)
+        return GenerationResult(tokens=req.seq[P : P + req.n_out].clone(), stats=req.stats)
 
-        # seq holds prompt + committed tokens; drafters see a prefix view of it.
+    # ------------------------------------------------------------------------ the steps
+    def prefill(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        skip_set: frozenset[int],
+        scope: str,
+        temperature: float,
+        seed: int | None,
+        reused: DensePrefill | None = None,
+    ) -> _Request:
+        """Run (or restore) the prompt's forward, commit the first token, reset the drafter.
+
+        Args:
+            prompt: ``torch.LongTensor`` of shape ``(P,)``.
+        """
+        target, drafter = self.target, self.drafter
+        P = int(prompt.numel())
+        t_start = time.perf_counter()
+        stats = DecodeStats(prompt_tokens=P, num_layers=target.num_layers, skipped_layers=len(skip_set))
         seq = torch.empty(P + max_new_tokens, dtype=torch.long)
         seq[:P] = prompt
-        n_out = 0
-        t_start = time.perf_counter()
         drafter.reset(prompt)
-
-        # --- prefill -------------------------------------------------------------------
         ctr = target.skipper
-        if prefill is not None:  # reused dense prefill (prefill.py): no prompt forward
-            cache, logits, hidden = prefill.restore(prompt, scope)
+        if reused is not None:  # reused dense prefill (prefill.py): no prompt forward
+            cache, logits, hidden = reused.restore(prompt, scope)
         else:
             cache = target.new_cache()
             with target.skip(skip_set if scope == "all" else ()):
                 before = ctr.executed_layers
                 logits, hidden = target.prefill(prompt, cache)
                 stats.prefill_layer_forwards = ctr.executed_layers - before
-        first = sample_token(logits[-1], temperature, gen)
+        sampler = PositionalSampler(temperature, seed) if temperature > 0 else None
+        # Speculative sampling of stochastic drafts: its own stream, derived from the seed.
+        generator = torch.Generator().manual_seed(sampler.seed) if sampler is not None else None
+        first = sampler.draw(logits[-1], 0) if sampler is not None else int(logits[-1].argmax())
         if drafter.needs_prefill_feedback:
             drafter.prefill_feedback(prompt, logits, hidden)
         stats.prefill_s = time.perf_counter() - t_start
         seq[P] = first
-        n_out = 1
-        prefix_len = P  # tokens whose keys/values are cached in layers that run
-        done = first in self.eos
+        return _Request(
+            prompt=prompt,
+            seq=seq,
+            max_new_tokens=max_new_tokens,
+            stats=stats,
+            cache=cache,
+            prefix_len=P,
+            temperature=temperature,
+            sampler=sampler,
+            generator=generator,
+            n_out=1,
+            done=first in self.eos,
+        )
 
-        # --- draft / verify / accept ------------------------------------------------------
-        with target.skip(skip_set):
-            while not done and n_out < max_new_tokens:
-                context = seq[: P + n_out]
-                root = int(context[-1])
-                t0 = time.perf_counter()
-                tree = drafter.propose(context)
-                t1 = time.perf_counter()
-                before = ctr.executed_layers
-                logits, hidden = target.verify_forward(root, tree, cache, prefix_len)
-                stats.verify_layer_forwards += ctr.executed_layers - before
-                if temperature > 0:
-                    accepted, committed = accept_sampling(tree, logits, temperature, gen)
-                else:
-                    accepted, committed = accept_greedy(tree, logits)
-                keep_accepted(cache, prefix_len, len(tree) + 1, [0, *(i + 1 for i in accepted)])
-                prefix_len += 1 + len(accepted)
-                t2 = time.perf_counter()
+    def draft(self, req: _Request) -> DraftTree:
+        """The drafter's proposal below the last committed token."""
+        return self.drafter.propose(req.context)
 
-                # commit, truncated at EOS and at the token budget
-                kept = 0
-                for tok in committed:
-                    if n_out >= max_new_tokens:
-                        break
-                    seq[P + n_out] = tok
-                    n_out += 1
-                    kept += 1
-                    if tok in self.eos:
-                        done = True
-                        break
-                stats.steps += 1
-                stats.step_tokens += kept
-                stats.draft_proposed += len(tree)
-                stats.draft_accepted += min(len(accepted), kept)
-                drafter.update(
-                    VerifyFeedback(
-                        tree=tree,
-                        accepted=tuple(accepted),
-                        committed=torch.tensor(committed, dtype=torch.long),
-                        logits=logits,
-                        hidden=hidden,
-                        root_token=root,
-                    )
-                )
-                t3 = time.perf_counter()
-                stats.draft_s += (t1 - t0) + (t3 - t2)
-                stats.verify_s += t2 - t1
+    def verify(self, req: _Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target forward over the root and the tree (under the request's skip set).
 
-        stats.new_tokens = n_out
-        stats.total_s = time.perf_counter() - t_start
-        return GenerationResult(tokens=seq[P : P + n_out].clone(), stats=stats)
+        Returns:
+            ``logits`` of shape ``(n + 1, vocab)`` and ``hidden`` of shape ``(n + 1, hidden)``:
+            rows ``[root, node_0, ...]``.
+        """
+        ctr = self.target.skipper
+        before = ctr.executed_layers
+        root = int(req.context[-1])
+        logits, hidden = self.target.verify_forward(root, tree, req.cache, req.prefix_len)
+        req.stats.verify_layer_forwards += ctr.executed_layers - before
+        return logits, hidden
+
+    def accept(self, req: _Request, tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Which nodes the target keeps and what it commits; rolls the cache back to them.
+
+        Greedy: the argmax path. Temperature > 0: the coupled rule for deterministic drafts
+        (the output equals plain sampling with the seed), speculative sampling for chains
+        drafted from a distribution.
+        """
+        if req.sampler is None:
+            accepted, committed = accept_greedy(tree, logits)
+        elif tree.probs is None:
+            accepted, committed = accept_coupled(tree, logits, req.sampler, req.n_out)
+        else:
+            accepted, committed = accept_sampling(tree, logits, req.temperature, req.generator)
+        # Keep the root's and the accepted nodes' keys/values; drop the rest of the tree.
+        keep_accepted(req.cache, req.prefix_len, len(tree) + 1, [0, *(i + 1 for i in accepted)])
+        req.prefix_len += 1 + len(accepted)
+        return accepted, committed
+
+    def commit(
+        self,
+        req: _Request,
+        tree: DraftTree,
+        accepted: list[int],
+        committed: list[int],
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+    ) -> None:
+        """Append the committed tokens (truncated at EOS and the budget), count the step and
+        let the drafter learn from the verification."""
+        P, kept = len(req.prompt), 0
+        root = int(req.context[-1])
+        for tok in committed:
+            if req.n_out >= req.max_new_tokens:
+                break
+            req.seq[P + req.n_out] = tok
+            req.n_out += 1
+            kept += 1
+            if tok in self.eos:
+                req.done = True
+                break
+        stats = req.stats
+        stats.steps += 1
+        stats.step_tokens += kept
+        stats.draft_proposed += len(tree)
+        stats.draft_accepted += min(len(accepted), kept)
+        self.drafter.update(
+            VerifyFeedback(
+                tree=tree,
+                accepted=tuple(accepted),
+                committed=torch.tensor(committed, dtype=torch.long),
+                logits=logits,
+                hidden=hidden,
+                root_token=root,
+            )
+        )

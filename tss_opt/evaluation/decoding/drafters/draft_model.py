@@ -51,6 +51,7 @@ class DraftModelDrafter(Drafter):
 
             validate_skip(self.skip, self._skipper.num_layers)
         self.device = next(model.parameters()).device
+        self.seed = seed
         self._gen = torch.Generator().manual_seed(seed)
         self._cache: SkipAwareCache | None = None
         self._seen: list[int] = []  # tokens whose keys/values are in self._cache
@@ -58,6 +59,9 @@ class DraftModelDrafter(Drafter):
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._cache = SkipAwareCache(config=self.model.config)
         self._seen = []
+        # Every request drafts from the same stream: the same seed gives the same output,
+        # however many requests this drafter served before (issue 15).
+        self._gen.manual_seed(self.seed)
 
     def _ctx(self) -> Any:
         return self._skipper.apply(self.skip) if self._skipper is not None else nullcontext()
