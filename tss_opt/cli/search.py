@@ -150,5 +150,12 @@ def format_result(result: SearchResult, wall_s: float) -> str:
                 f"| Pareto | {sorted(p)} | {r.accept_length:.3f} | {r.metric:.4f} | {r.cost:.4f} | "
                 f"{r.values.get('tokens_per_s', float('nan')):.2f} |"
             )
+    if result.given_up:
+        lines.append(
+            "\nGIVEN UP (their workers crashed repeatedly; treated as infeasible, so S* and the "
+            "Pareto set may change once they are measured): "
+            + ", ".join(str(sorted(c)) for c in result.given_up)
+            + ". Fix the crash and run a new study (study_name=NEW) to measure them."
+        )
     lines.append(f"\n{len(result.trials)} configurations; this worker's wall time {wall_s / 60:.1f} min")
     return "\n".join(lines)

@@ -140,7 +140,9 @@ def run_search(
             metric_name=info.metric_name,
         )
         study.set_user_attr("result", result.summary())
-        progress.finished(result.stop_reason, result.best, result.pareto, len(result.trials))
+        progress.finished(
+            result.stop_reason, result.best, result.pareto, len(result.trials), result.given_up
+        )
         return result
 
 
