@@ -14,20 +14,34 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tss_opt.config import config_dir, register_configs
+from tss_opt.errors import TSSError
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Domain, available_domains, load_domain
 from tss_opt.evaluation.drafters.base import Drafter
 from tss_opt.models import LoadedModel, load_model
+from tss_opt.storage.url import install_secret_filter, mask_secrets
 
 log = logging.getLogger("tss_opt")
 
 
-class UsageError(ValueError):
+class UsageError(TSSError):
     """A configuration the user must fix; commands print it and exit with status 2."""
 
 
+INTERRUPTED = "interrupted; run the same command again to resume"
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
 def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
-    """Wrap ``task(cfg)`` as a Hydra app over the shipped ``conf/``; user errors exit 2."""
+    """Wrap ``task(cfg)`` as a Hydra app over the shipped ``conf/``.
+
+    A user error (:class:`~tss_opt.errors.TSSError` and the other ``ValueError``,
+    ``FileNotFoundError``, ``KeyError``) prints one line ``error: ...`` and exits 2; Ctrl-C
+    prints one line and exits 130; anything else prints its traceback and exits 1. Every line
+    has URL passwords masked (Hydra's own "Error executing job with overrides" line, which
+    would echo them, is never reached).
+    """
     import hydra
 
     register_configs()
@@ -37,14 +51,36 @@ def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
         setup(cfg)
         try:
             task(cfg)
-        except (UsageError, ValueError, FileNotFoundError, KeyError) as e:
-            if cfg.get("log_level") == "DEBUG":
-                raise
+        except KeyboardInterrupt:
+            _exit_interrupted()
+        except (TSSError, ValueError, FileNotFoundError, KeyError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            print(f"error: {msg}", file=sys.stderr)
-            sys.exit(2)
+            if cfg.get("log_level") == "DEBUG":
+                _print_traceback()
+            print(f"error: {mask_secrets(str(msg))}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
+        except Exception:
+            _print_traceback()
+            sys.exit(1)
 
-    return _app
+    def main() -> None:
+        try:
+            _app()
+        except KeyboardInterrupt:  # during composition or model loading
+            _exit_interrupted()
+
+    return main
+
+
+def _exit_interrupted() -> None:
+    print(INTERRUPTED, file=sys.stderr)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _print_traceback() -> None:
+    import traceback
+
+    print(mask_secrets(traceback.format_exc()), file=sys.stderr, end="")
 
 
 def setup(cfg: DictConfig) -> None:
@@ -53,6 +89,9 @@ def setup(cfg: DictConfig) -> None:
     import optuna
 
     logging.getLogger("tss_opt").setLevel(cfg.get("log_level", "INFO"))
+    # Hydra has configured the console and run-log handlers: no line they write shows a
+    # storage password.
+    install_secret_filter()
     # Our own progress lines say per trial what Optuna's INFO lines repeat.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -77,6 +116,30 @@ def require_domain(cfg: DictConfig) -> Domain:
         raise UsageError(f"no domain chosen; add +domain=NAME (available: {', '.join(names)})")
     domain_cfg = OmegaConf.to_container(cfg.domain, resolve=True)
     return load_domain(domain_cfg)
+
+
+def max_new_tokens_for(cfg: DictConfig, domain: Domain) -> int:
+    """New tokens per prompt: ``max_new_tokens=``, else ``search.max_new_tokens``, else the
+    domain's. An explicit 0 or negative value is an error, never a silent default."""
+    for key, value in (("max_new_tokens", cfg.get("max_new_tokens")), ("search.max_new_tokens", cfg.search.get("max_new_tokens"))):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(
+                f"{key}={value!r} is invalid; expected an integer >= 1 (tokens generated per prompt), "
+                f"or null for the domain's {domain.config.max_new_tokens}"
+            )
+        return int(value)
+    return int(domain.config.max_new_tokens)
+
+
+def check_prompts(value: Any, key: str = "search.prompts") -> int | None:
+    """``search.prompts`` checked: ``None`` (the domain's count) or an integer >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{key}={value!r} is invalid; expected an integer >= 1, or null for the domain's count")
+    return int(value)
 
 
 def drafter_config(cfg: DictConfig) -> dict[str, Any]:
@@ -132,10 +195,10 @@ def build_evaluator(cfg: DictConfig, runtime: Runtime | None = None, split: str 
     rt = runtime or load_runtime(cfg)
     split = split or cfg.split
     examples = domain.split(split)
-    n = prompts if prompts is not None else cfg.search.get("prompts")
+    n = prompts if prompts is not None else check_prompts(cfg.search.get("prompts"))
     if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
         examples = examples[:n]
-    max_new = cfg.get("max_new_tokens") or cfg.search.get("max_new_tokens") or domain.config.max_new_tokens
+    max_new = max_new_tokens_for(cfg, domain)
     return SpecDecodeEvaluator(
         rt.target,
         rt.loaded.tokenizer,

@@ -14,7 +14,14 @@ import hydra.utils
 import optuna
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.cli.common import UsageError, drafter_config, model_config, require_domain
+from tss_opt.cli.common import (
+    UsageError,
+    check_prompts,
+    drafter_config,
+    max_new_tokens_for,
+    model_config,
+    require_domain,
+)
 from tss_opt.evaluation.cost import COSTS
 from tss_opt.evaluation.decoding.engine import SCOPES
 from tss_opt.models import as_model_config, model_id_for
@@ -36,8 +43,8 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
     domain = require_domain(cfg)
     mc = as_model_config(model_config(cfg))
     return {
-        "prompts": min(cfg.search.prompts or domain.config.calibration_size, domain.config.calibration_size),
-        "max_new_tokens": cfg.get("max_new_tokens") or cfg.search.max_new_tokens or domain.config.max_new_tokens,
+        "prompts": min(check_prompts(cfg.search.prompts) or domain.config.calibration_size, domain.config.calibration_size),
+        "max_new_tokens": max_new_tokens_for(cfg, domain),
         "split": cfg.split,
         "scope": cfg.scope,
         "cost": cfg.cost,
@@ -94,18 +101,28 @@ def _check_protocol(storage: Any, name: str, metadata: dict[str, Any]) -> None:
         )
 
 
+def effective_note(cfg: DictConfig, proto: dict[str, Any], settings: SearchSettings) -> str:
+    """The preset's warning with the numbers this run uses (overrides applied)."""
+    shape = f"beam width {settings.beam_width}" if settings.mode == "beam" else "exhaustive"
+    trials = f", <= {settings.max_trials} trials" if settings.max_trials else ""
+    return (
+        f"{cfg.search.preset} preset: {proto['prompts']} calibration prompts x {proto['max_new_tokens']} tokens, "
+        f"{shape}, depth <= {settings.max_depth}{trials} (search=paper for the paper's protocol)"
+    )
+
+
 def search(cfg: DictConfig) -> SearchResult:
     """Join (or start, or resume) the search this configuration names; write the mapping."""
     from tss_opt.mapping import export_mapping
-    from tss_opt.storage import open_storage
+    from tss_opt.storage import open_storage, storage_url
 
     name, metadata = study_identity(cfg)
     settings = search_settings(cfg)
     if cfg.search.get("note"):
-        log.warning("%s", cfg.search.note)
+        log.warning("%s", effective_note(cfg, metadata["protocol"], settings))
     storage = open_storage(cfg.storage, heartbeat_interval=None, grace_period=None)
     _check_protocol(storage, name, metadata)
-    log.info("study %s (storage %s)", name, cfg.storage or "sqlite:///storage/tss.db")
+    log.info("study %s (storage %s)", name, storage_url(cfg.storage))
 
     ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
     target = ev_cfg.pop("_target_")

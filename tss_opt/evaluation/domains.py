@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tss_opt.errors import TSSError
+
 from .metrics import Metric, UnknownMetricError, get_metric
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ HF_PREFIX = "hf:"
 SPLITS = ("calibration", "heldout")
 
 
-class DomainError(ValueError):
+class DomainError(TSSError):
     """A domain config or its data is unusable; the message names the value and the fix."""
 
 

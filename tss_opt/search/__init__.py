@@ -19,7 +19,13 @@ from tss_opt.search.evaluator import Evaluator, EvaluatorError
 from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord, load_result
 from tss_opt.search.run import SearchError, run_search
 from tss_opt.search.sampler import BreadthFirstSampler
-from tss_opt.search.settings import MODES, SELECTIONS, SearchSettings, settings_hash
+from tss_opt.search.settings import (
+    MODES,
+    SELECTIONS,
+    SearchSettings,
+    SearchSettingsError,
+    settings_hash,
+)
 from tss_opt.search.study import StudyMismatchError, study_name_for
 from tss_opt.search.worker import RetryStaleSkipSetCallback
 
@@ -35,6 +41,7 @@ __all__ = [
     "SearchError",
     "SearchResult",
     "SearchSettings",
+    "SearchSettingsError",
     "StudyMismatchError",
     "Thresholds",
     "TrialRecord",

@@ -11,6 +11,7 @@ from typing import Any
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
+from tss_opt.errors import TSSError
 from tss_opt.search.evaluator import Evaluator, describe_evaluator
 from tss_opt.search.progress import Progress
 from tss_opt.search.result import SearchResult, build_result
@@ -31,7 +32,7 @@ __all__ = ["SearchError", "run_search"]
 logger = logging.getLogger("tss_opt.search")
 
 
-class SearchError(RuntimeError):
+class SearchError(TSSError):
     """The search cannot proceed (e.g. the dense baseline cannot be evaluated)."""
 
 

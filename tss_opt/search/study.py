@@ -19,6 +19,7 @@ from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from tss_opt.errors import TSSError
 from tss_opt.search.algorithm import Config
 from tss_opt.search.evaluator import EvaluatorInfo, to_json
 from tss_opt.search.settings import IDENTITY_FIELDS, SearchSettings, settings_hash
@@ -45,7 +46,7 @@ FAIL_REASON_KEY = "tss_opt:fail_reason"
 IDENTITY_METADATA = ("model", "num_layers", "drafter", "domain", "split")
 
 
-class StudyMismatchError(ValueError):
+class StudyMismatchError(TSSError):
     """An existing study was created with different settings, model or objectives."""
 
 

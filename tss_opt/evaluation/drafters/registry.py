@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.errors import TSSError
 from tss_opt.evaluation.drafters.base import Drafter
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ _RESERVED = ("name", "_target_")
 MISSING = "???"  # OmegaConf's mandatory value, when a config was converted with resolve only
 
 
-class DrafterConfigError(ValueError):
+class DrafterConfigError(TSSError):
     """A drafter config names an unknown drafter or gives settings it does not take."""
 
 
