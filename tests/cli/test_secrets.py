@@ -56,23 +56,28 @@ def test_password_appears_nowhere(tmp_path: Path) -> None:
         assert r.returncode == 0, mask_secrets(r.stderr[-3000:])
         assert "mapping:" in r.stdout
         outputs.append(r.stdout + r.stderr)
+        assert PASSWORD not in outputs[-1], "password in the output of step %d" % len(outputs)
         # ...a user error that names the storage...
         r = _run(["-m", "tss_opt.cli.export", *SMALL, "study_name=nope", f"storage={URL}"], tmp_path)
         assert r.returncode == 2 and r.stderr.startswith("error:"), mask_secrets(r.stderr)
         outputs.append(r.stdout + r.stderr)
+        assert PASSWORD not in outputs[-1], "password in the output of step %d" % len(outputs)
         # ...an unexpected failure (Hydra would echo the overrides)...
         r = _run(["-m", "tss_opt", *common, f"storage={URL}", "evaluator._target_=no.such.fn"], tmp_path)
         assert r.returncode == 1 and "Traceback" in r.stderr
         outputs.append(r.stdout + r.stderr)
+        assert PASSWORD not in outputs[-1], "password in the output of step %d" % len(outputs)
         # ...and launch, which passes the URL to its workers in TSS_STORAGE, not argv.
         r = _run(["-m", "tss_opt.cli.launch", *common, f"storage={URL}", "devices=[cpu]"], tmp_path)
         assert r.returncode == 0, mask_secrets(r.stderr[-3000:])
         assert "starting worker" in r.stdout + r.stderr and "1 workers finished" in r.stdout
         outputs.append(r.stdout + r.stderr)
+        assert PASSWORD not in outputs[-1], "password in the output of step %d" % len(outputs)
         # The URL from the environment alone (storage unset) reaches the same study.
         r = _run(["-m", "tss_opt.cli.export", *common], tmp_path, env={STORAGE_ENV_VAR: URL})
         assert r.returncode == 0, mask_secrets(r.stderr[-3000:])
         outputs.append(r.stdout + r.stderr)
+        assert PASSWORD not in outputs[-1], "password in the output of step %d" % len(outputs)
 
         for text in outputs:
             assert PASSWORD not in text
