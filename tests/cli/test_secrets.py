@@ -40,6 +40,15 @@ def test_mask_secrets_and_env_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(STORAGE_ENV_VAR, URL)
     assert resolve_storage_url(None) == URL
     assert resolve_storage_url("sqlite:///b.db") == "sqlite:///b.db"
+    # The Hydra spelling documented in docs/storage.md.
+    from hydra import compose, initialize_config_dir
+
+    from tss_opt.config import config_dir, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["storage=${oc.env:TSS_STORAGE}"])
+    assert cfg.storage == URL
     monkeypatch.delenv(STORAGE_ENV_VAR)
     assert resolve_storage_url(None) == "sqlite:///storage/tss.db"
 
