@@ -96,7 +96,7 @@ def test_password_appears_nowhere(tmp_path: Path) -> None:
             assert PASSWORD not in p.read_text(errors="replace"), p
         stored = optuna.load_study(study_name=study, storage=URL)
         dump = json.dumps(
-            [stored.user_attrs, stored.system_attrs]
+            [stored.user_attrs, stored._storage.get_study_system_attrs(stored._study_id)]
             + [[t.user_attrs, t.system_attrs] for t in stored.get_trials()],
             default=str,
         )
