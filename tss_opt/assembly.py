@@ -29,12 +29,15 @@ __all__ = [
     "Assembly",
     "assemble",
     "build_evaluator",
+    "check_prompts",
     "compose_config",
     "drafter_config",
+    "max_new_tokens_for",
     "model_config",
     "protocol",
     "require_domain",
     "search_settings",
+    "validation_evaluator",
     "study_identity",
 ]
 
@@ -79,6 +82,30 @@ def require_domain(cfg: DictConfig) -> Domain:
         raise UsageError(f"no domain chosen; add +domain=NAME (available: {', '.join(names)})")
     domain_cfg = OmegaConf.to_container(cfg.domain, resolve=True)
     return load_domain(domain_cfg)
+
+
+def max_new_tokens_for(cfg: DictConfig, domain: Domain) -> int:
+    """New tokens per prompt: ``max_new_tokens=``, else ``search.max_new_tokens``, else the
+    domain's. An explicit 0 or negative value is an error, never a silent default."""
+    for key, value in (("max_new_tokens", cfg.get("max_new_tokens")), ("search.max_new_tokens", cfg.search.get("max_new_tokens"))):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(
+                f"{key}={value!r} is invalid; expected an integer >= 1 (tokens generated per prompt), "
+                f"or null for the domain's {domain.config.max_new_tokens}"
+            )
+        return int(value)
+    return int(domain.config.max_new_tokens)
+
+
+def check_prompts(value: Any, key: str = "search.prompts") -> int | None:
+    """``search.prompts`` checked: ``None`` (the domain's count) or an integer >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{key}={value!r} is invalid; expected an integer >= 1, or null for the domain's count")
+    return int(value)
 
 
 def drafter_config(cfg: DictConfig) -> dict[str, Any]:
@@ -157,10 +184,10 @@ def build_evaluator(
     rt = runtime or assemble(cfg)
     split = split or cfg.split
     examples = domain.split(split)
-    n = prompts if prompts is not None else cfg.search.get("prompts")
+    n = prompts if prompts is not None else check_prompts(cfg.search.get("prompts"))
     if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
         examples = examples[:n]
-    max_new = cfg.get("max_new_tokens") or cfg.search.get("max_new_tokens") or domain.config.max_new_tokens
+    max_new = max_new_tokens_for(cfg, domain)
     return SpecDecodeEvaluator(
         rt.target,
         rt.loaded.tokenizer,
@@ -176,6 +203,35 @@ def build_evaluator(
         system_prompt=domain.config.system_prompt,
         reuse_prefill=bool(cfg.get("reuse_prefill", True)),
     )
+
+
+def validation_evaluator(cfg: DictConfig, evaluator: Any) -> Any | None:
+    """The evaluator of the domain's validation split, sharing ``evaluator``'s loaded model.
+
+    The default evaluator is re-aimed at the validation prompts (:meth:`on_examples`); a
+    custom ``evaluator._target_`` is called again with ``split="validation"`` when it takes a
+    ``split`` argument. ``None`` when neither applies (the search result is then exported
+    without validation, and the caller says so).
+    """
+    import inspect
+
+    import hydra.utils
+
+    from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+
+    domain = require_domain(cfg)
+    n = check_prompts(cfg.search.get("validation_prompts"), "search.validation_prompts")
+    examples = domain.split("validation")[: n or None]
+    if not examples:
+        return None
+    if isinstance(evaluator, SpecDecodeEvaluator):
+        return evaluator.on_examples(examples)
+    ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
+    assert isinstance(ev_cfg, dict)
+    factory = hydra.utils.get_method(ev_cfg.pop("_target_"))
+    if "split" not in inspect.signature(factory).parameters:
+        return None
+    return factory(cfg=cfg, split="validation", **ev_cfg)
 
 
 # ------------------------------------------------------------------------ study identity
@@ -194,8 +250,8 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
     domain = require_domain(cfg)
     mc = as_model_config(model_config(cfg))
     return {
-        "prompts": min(cfg.search.prompts or domain.config.calibration_size, domain.config.calibration_size),
-        "max_new_tokens": cfg.get("max_new_tokens") or cfg.search.max_new_tokens or domain.config.max_new_tokens,
+        "prompts": min(check_prompts(cfg.search.prompts) or domain.config.calibration_size, domain.config.calibration_size),
+        "max_new_tokens": max_new_tokens_for(cfg, domain),
         "split": cfg.split,
         "scope": str(cfg.scope),
         "cost": str(cfg.cost),

@@ -13,13 +13,26 @@ import torch
 from omegaconf import DictConfig
 
 from tss_opt.config import config_dir, register_configs
-from tss_opt.errors import UsageError
+from tss_opt.errors import TSSError
+from tss_opt.storage.url import install_secret_filter, mask_secrets
 
 log = logging.getLogger("tss_opt")
 
 
+INTERRUPTED = "interrupted; run the same command again to resume"
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
 def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
-    """Wrap ``task(cfg)`` as a Hydra app over the shipped ``conf/``; user errors exit 2."""
+    """Wrap ``task(cfg)`` as a Hydra app over the shipped ``conf/``.
+
+    A user error (:class:`~tss_opt.errors.TSSError` and the other ``ValueError``,
+    ``FileNotFoundError``, ``KeyError``) prints one line ``error: ...`` and exits 2; Ctrl-C
+    prints one line and exits 130; anything else prints its traceback and exits 1. Every line
+    has URL passwords masked (Hydra's own "Error executing job with overrides" line, which
+    would echo them, is never reached).
+    """
     import hydra
 
     register_configs()
@@ -29,14 +42,36 @@ def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
         setup(cfg)
         try:
             task(cfg)
-        except (UsageError, ValueError, FileNotFoundError, KeyError) as e:
-            if cfg.get("log_level") == "DEBUG":
-                raise
+        except KeyboardInterrupt:
+            _exit_interrupted()
+        except (TSSError, ValueError, FileNotFoundError, KeyError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            print(f"error: {msg}", file=sys.stderr)
-            sys.exit(2)
+            if cfg.get("log_level") == "DEBUG":
+                _print_traceback()
+            print(f"error: {mask_secrets(str(msg))}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
+        except Exception:
+            _print_traceback()
+            sys.exit(1)
 
-    return _app
+    def main() -> None:
+        try:
+            _app()
+        except KeyboardInterrupt:  # during composition or model loading
+            _exit_interrupted()
+
+    return main
+
+
+def _exit_interrupted() -> None:
+    print(INTERRUPTED, file=sys.stderr)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _print_traceback() -> None:
+    import traceback
+
+    print(mask_secrets(traceback.format_exc()), file=sys.stderr, end="")
 
 
 def setup(cfg: DictConfig) -> None:
@@ -45,6 +80,9 @@ def setup(cfg: DictConfig) -> None:
     import optuna
 
     logging.getLogger("tss_opt").setLevel(cfg.get("log_level", "INFO"))
+    # Hydra has configured the console and run-log handlers: no line they write shows a
+    # storage password.
+    install_secret_filter()
     # Our own progress lines say per trial what Optuna's INFO lines repeat.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -4,29 +4,53 @@ Runs the trial evaluator once (one skip set, every prompt of a split: ``calibrat
 ``validation`` or ``heldout``; the domain's protocol unless ``search.prompts`` /
 ``max_new_tokens`` say otherwise) and prints A, M, C and tokens/s. With ``json_out=PATH`` it
 also writes the aggregate and the per-prompt figures (``per_prompt``) as JSON.
+The domain's protocol applies unless ``search.prompts`` / ``max_new_tokens`` /
+``search.max_new_tokens`` are given on the command line or ``search=custom``: a search
+preset's own reductions (search=cpu's prompts x tokens) apply to searches, not to ``evaluate``.
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from tss_opt.assembly import assemble, build_evaluator, require_domain
+from tss_opt.assembly import (
+    assemble,
+    build_evaluator,
+    check_prompts,
+    max_new_tokens_for,
+    require_domain,
+)
 from tss_opt.cli.common import hydra_entry
 from tss_opt.evaluation.evaluator import EvalResult
 from tss_opt.evaluation.result_json import check_json_out, write_result_json
+
+
+def _given(cfg: DictConfig, key: str) -> bool:
+    """Whether ``key`` was set on the command line (or the preset is ``custom``)."""
+    if cfg.search.get("preset") == "custom":
+        return True
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:  # called without Hydra (tests): only the config's values count
+        return False
+    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
 
 
 def evaluate(cfg: DictConfig) -> EvalResult:
     domain = require_domain(cfg)
     if cfg.get("json_out"):
         check_json_out(cfg.json_out)  # before the (long) evaluation
-    rt = assemble(cfg)
     # The search preset's prompt/token reductions apply to searches; a plain evaluation
     # follows the domain's protocol unless search.prompts / max_new_tokens are given.
-    prompts = cfg.search.prompts if cfg.search.preset == "custom" else None
+    prompts = check_prompts(cfg.search.prompts) if _given(cfg, "search.prompts") else None
+    max_new = max_new_tokens_for(cfg, domain)  # checked before the model loads
+    if not (cfg.get("max_new_tokens") is not None or _given(cfg, "search.max_new_tokens")):
+        max_new = domain.config.max_new_tokens
+    rt = assemble(cfg)
     ev = build_evaluator(cfg, runtime=rt, prompts=prompts or len(domain.split(cfg.split)))
-    if not cfg.get("max_new_tokens"):
-        ev.max_new_tokens = domain.config.max_new_tokens
+    ev.max_new_tokens = max_new
     r = ev.evaluate(frozenset(cfg.skip))
     print(
         f"| domain | model | drafter | dtype | split | prompts | tokens | skip | accepted length | {ev.metric_name} | cost | tok/s |"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from tss_opt.errors import TSSError
+
 __all__ = ["Cost", "Scope", "StrEnum"]
 
 
@@ -24,14 +26,14 @@ class StrEnum(str, Enum):
 
     @classmethod
     def parse(cls, name: str, value: Any) -> Any:
-        """``value`` as a member of this Enum, or a ValueError naming the options."""
+        """``value`` as a member of this Enum, or a :class:`TSSError` naming the options."""
         if isinstance(value, cls):
             return value
         try:
             return cls(value)
         except ValueError:
             options = ", ".join(m.value for m in cls)
-            raise ValueError(f"Unknown {name} {value!r}; expected one of: {options}.") from None
+            raise TSSError(f"Unknown {name} {value!r}; expected one of: {options}.") from None
 
 
 class Scope(StrEnum):

@@ -27,12 +27,19 @@ class SearchPreset(SearchSettings):
             ``calibration_size`` (the paper: 16).
         max_new_tokens: tokens generated per prompt; ``None`` = the domain's (paper: 96).
         note: a line printed at start (the CPU preset says what it reduced).
+        validation_candidates: after the search, the K cheapest feasible sets are checked on
+            the domain's validation split (paired against dense) before the mapping is
+            written; 0 skips the check (issue 10).
+        validation_prompts: validation prompts used; ``None`` = the domain's
+            ``validation_size`` (16).
     """
 
     preset: str = "custom"
     prompts: int | None = None
     max_new_tokens: int | None = None
     note: str | None = None
+    validation_candidates: int = 3
+    validation_prompts: int | None = None
 
 
 @dataclass

@@ -32,19 +32,26 @@ from enum import Enum
 from typing import Any
 
 from tss_opt.config.enums import StrEnum
+from tss_opt.errors import TSSError
+
+
+class SearchSettingsError(TSSError):
+    """A search setting out of range or of the wrong type."""
+
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "FEASIBILITIES",
     "IDENTITY_FIELDS",
+    "LEGACY_IDENTITY",
     "MODES",
     "SELECTIONS",
+    "Feasibility",
     "Mode",
     "SearchSettings",
+    "SearchSettingsError",
     "Selection",
-    "FEASIBILITIES",
-    "Feasibility",
-    "LEGACY_IDENTITY",
 ]
 
 # Heartbeats of running trials (seconds): a trial whose worker went silent for the grace
@@ -185,24 +192,24 @@ class SearchSettings:
         if self.max_trials is not None:
             _int("max_trials", self.max_trials, minimum=1, hint="or None for no cap")
         if not isinstance(self.relative, bool):
-            raise ValueError(f"relative={self.relative!r} must be True or False.")
+            raise SearchSettingsError(f"relative={self.relative!r} must be True or False.")
         for name in ("eps_accept", "eps_metric", "tau_accept", "tau_metric"):
             _tolerance(name, getattr(self, name), self.relative)
         self.feasibility = Feasibility.parse("feasibility", self.feasibility)
         _confidence(self.confidence)
         r = self.max_repetition_increase
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1:
-            raise ValueError(
+            raise SearchSettingsError(
                 f"max_repetition_increase={r!r} is out of range; expected 0 <= "
                 "max_repetition_increase < 1 (an increase of the repeated-4-gram share, e.g. 0.1)."
             )
         if not isinstance(self.early_stopping, bool):
-            raise ValueError(f"early_stopping={self.early_stopping!r} must be True or False.")
+            raise SearchSettingsError(f"early_stopping={self.early_stopping!r} must be True or False.")
         _int("early_stop_chunk", self.early_stop_chunk, minimum=2)
         _int("heartbeat_interval", self.heartbeat_interval, minimum=1)
         _int("grace_period", self.grace_period, minimum=1)
         if self.grace_period <= self.heartbeat_interval:
-            raise ValueError(
+            raise SearchSettingsError(
                 f"grace_period={self.grace_period} must exceed heartbeat_interval="
                 f"{self.heartbeat_interval}, or live trials would be failed as crashed; "
                 f"use e.g. grace_period={3 * self.heartbeat_interval}."
@@ -210,7 +217,7 @@ class SearchSettings:
         if num_layers is not None:
             _int("num_layers", num_layers, minimum=1)
             if self.early_barrier + self.latter_barrier > num_layers - 1:
-                raise ValueError(
+                raise SearchSettingsError(
                     f"early_barrier={self.early_barrier} and latter_barrier="
                     f"{self.latter_barrier} leave no layer of {num_layers} to skip; expected "
                     f"early_barrier + latter_barrier <= {num_layers - 1}."
@@ -235,7 +242,7 @@ class SearchSettings:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ValueError(
+            raise SearchSettingsError(
                 f"Unknown search setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}."
             )
         return cls(**dict(values))
@@ -247,19 +254,19 @@ def _plain(value: Any) -> Any:
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
-        raise ValueError(f"Unknown {name} {value!r}; expected one of: {', '.join(options)}.")
+        raise SearchSettingsError(f"Unknown {name} {value!r}; expected one of: {', '.join(options)}.")
 
 
 def _int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         extra = f" ({hint})" if hint else ""
-        raise ValueError(f"{name}={value!r} is invalid; expected an integer >= {minimum}{extra}.")
+        raise SearchSettingsError(f"{name}={value!r} is invalid; expected an integer >= {minimum}{extra}.")
 
 
 def _confidence(value: Any) -> None:
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and 0.5 < value < 1
     if not ok:
-        raise ValueError(
+        raise SearchSettingsError(
             f"confidence={value!r} is out of range; expected 0.5 < confidence < 1 (a one-sided "
             "confidence level such as 0.9 or 0.95)."
         )
@@ -267,14 +274,14 @@ def _confidence(value: Any) -> None:
 
 def _tolerance(name: str, value: Any, relative: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} is not a finite number.")
+        raise SearchSettingsError(f"{name}={value!r} is not a finite number.")
     if relative and not 0 <= value < 1:
-        raise ValueError(
+        raise SearchSettingsError(
             f"{name}={value} is out of range; expected 0 <= {name} < 1 when relative=True "
             "(a fraction of the dense baseline, e.g. 0.05 for 5 %)."
         )
     if not relative and value < 0:
-        raise ValueError(
+        raise SearchSettingsError(
             f"{name}={value} is out of range; expected {name} >= 0 when relative=False "
             "(an absolute drop allowed below the dense baseline)."
         )

@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tss_opt.config.domain import DomainConfig
+from tss_opt.errors import TSSError
 
 from .metrics import Metric, UnknownMetricError, get_metric
 
@@ -61,7 +62,7 @@ HF_PREFIX = "hf:"
 SPLITS = ("calibration", "validation", "heldout")
 
 
-class DomainError(ValueError):
+class DomainError(TSSError):
     """A domain config or its data is unusable; the message names the value and the fix."""
 
 

@@ -167,6 +167,7 @@ class SpecDecodeEvaluator:
         self.metric_name = metric.name
         self.metric_higher_is_better = metric.higher_is_better
         self.reuse_prefill = reuse_prefill
+        self.system_prompt = system_prompt
         # Tokenise once: every trial runs the same prompts.
         self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
         self._prefills: dict[int, DensePrefill] = {}  # prompt index -> its dense prefill
@@ -174,6 +175,26 @@ class SpecDecodeEvaluator:
         # a call for the same skip set starting at k continues with that drafter, so chunked
         # evaluation equals one full call even for drafters that learn across prompts.
         self._chain: tuple[frozenset[int], int, Drafter | None] | None = None
+
+    def on_examples(self, examples: Sequence[Example]) -> SpecDecodeEvaluator:
+        """The same model, drafter, metric and protocol on other prompts (the validation split
+        checks the search's candidates this way, with the model loaded once)."""
+        return SpecDecodeEvaluator(
+            self.target,
+            self.tokenizer,
+            self.drafter_factory,
+            examples,
+            self.metric,
+            extra_metrics=self.extra_metrics,
+            max_new_tokens=self.max_new_tokens,
+            scope=self.scope,
+            temperature=self.temperature,
+            cost=self.cost,
+            eos_token_ids=self.eos_token_ids,
+            system_prompt=self.system_prompt,
+            show_progress=self.show_progress,
+            reuse_prefill=self.reuse_prefill,
+        )
 
     @property
     def num_prompts(self) -> int:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tss_opt.errors import TSSError
+
 __all__ = [
     "FORMAT_VERSION",
     "DomainMapping",
@@ -23,7 +25,7 @@ __all__ = [
 FORMAT_VERSION = 1
 
 
-class MappingError(ValueError):
+class MappingError(TSSError):
     """A mapping file is missing, corrupt, invalid, or for another model."""
 
 

@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tss_opt.config.model import ModelConfig
+from tss_opt.errors import TSSError
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 SOURCES = ("hf", "gguf_package", "tiny")
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(TSSError):
     """A model could not be loaded; the message says what to do."""
 
 
@@ -90,11 +91,25 @@ def load_model(cfg: ModelConfig | DictConfig | dict) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, config=mc, model_id=model_id)
 
 
+def _looks_local(path: str) -> bool:
+    """Whether ``path`` names a directory rather than a hub id (``owner/name``)."""
+    p = str(path)
+    # A hub id is "name" or "owner/name"; anything absolute, relative with ./ or ../ or ~, or
+    # with more than one slash, or that exists, is a path.
+    return p.startswith(("/", "./", "../", "~", ".\\")) or p.count("/") > 1 or Path(p).expanduser().exists()
+
+
 def _load_hf(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not mc.path:
         raise ModelLoadError(f"model {mc.name!r} has source=hf but no path; set model.path to a hub id or a local directory")
+    if _looks_local(mc.path) and not Path(mc.path).expanduser().is_dir():
+        raise ModelLoadError(
+            f"model.path={mc.path!r} of model {mc.name!r} looks like a local directory but does not exist "
+            f"(relative paths are taken from {Path.cwd()}); give an existing directory with the model's "
+            "config.json and weights, or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(mc.path, trust_remote_code=mc.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(

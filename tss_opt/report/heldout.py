@@ -33,6 +33,7 @@ __all__ = [
     "DomainComparison",
     "HeldoutReport",
     "ReportError",
+    "safe_file_stem",
     "add_study_plots",
     "compare_domain",
     "run_heldout",
@@ -204,21 +205,24 @@ def run_heldout(
 
 
 def study_storage(study: Mapping[str, str], override: str | None = None) -> str:
-    """The storage URL of a mapping entry's study: ``override`` (``storage=``) if given.
+    """The storage URL of a mapping entry's study: ``override`` (``storage=``) if given,
+    else ``$TSS_STORAGE`` if set, else the URL stored in the mapping.
 
     Raises:
         ReportError: No URL; a stored URL whose password was masked (mappings never keep
             passwords); a SQLite file that does not exist (opening it would create it empty).
     """
-    from tss_opt.storage import parse_storage_url
+    import os
 
-    url = override or study.get("storage")
+    from tss_opt.storage import STORAGE_ENV_VAR, parse_storage_url
+
+    url = override or os.environ.get(STORAGE_ENV_VAR) or study.get("storage")
     name = study.get("name", "?")
     if not url:
         raise ReportError(f"the mapping entry names no storage for study {name!r}; pass storage=<URL>")
     if not override and "***" in url:
         raise ReportError(
-            f"the stored URL of study {name!r} ({url}) hides its password; pass storage=<the URL with its password>"
+            f"the stored URL of study {name!r} ({url}) hides its password; pass storage=<the URL with its password> or set {STORAGE_ENV_VAR}"
         )
     parsed = parse_storage_url(url)
     if parsed.sqlite_path is not None and not parsed.sqlite_path.is_file():
@@ -227,6 +231,24 @@ def study_storage(study: Mapping[str, str], override: str | None = None) -> str:
             f"{Path.cwd()}); run from the directory the search ran in or pass storage=<URL>"
         )
     return url
+
+
+def safe_file_stem(name: str) -> str:
+    """``name`` as a file-name part that stays inside its directory.
+
+    Mapping domain names come from a file the user (or anyone) may edit: ``../../x`` or
+    ``/etc/x`` must not write outside ``report_dir``. Keeps letters, digits, ``-``, ``_`` and
+    ``.``; everything else (path separators included) becomes ``_``; a name of only dots or
+    nothing becomes ``domain``. A hash suffix keeps two names that clean alike apart.
+    """
+    import hashlib
+    import re
+
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name)).strip(".")[:80]
+    if cleaned == str(name) and cleaned:
+        return cleaned
+    digest = hashlib.sha1(str(name).encode()).hexdigest()[:6]
+    return f"{cleaned or 'domain'}-{digest}"
 
 
 def add_study_plots(comp: DomainComparison, out_dir: str | Path, storage: str | None = None) -> None:
@@ -249,11 +271,12 @@ def add_study_plots(comp: DomainComparison, out_dir: str | Path, storage: str | 
         selected = comp.entry.get("skip_set", sorted(comp.tss.skip))
         out = Path(out_dir)
         title = f"{comp.domain}: {name}"
+        stem = safe_file_stem(comp.domain)
         comp.plots["profile"] = str(
-            plot_single_layer_profile(result, out / f"profile_{comp.domain}.png", title=f"Single-layer skip profile — {title}", selected=selected)
+            plot_single_layer_profile(result, out / f"profile_{stem}.png", title=f"Single-layer skip profile — {title}", selected=selected)
         )
         comp.plots["pareto"] = str(
-            plot_pareto(result, out / f"pareto_{comp.domain}.png", title=f"Evaluated skip sets — {title}", selected=selected)
+            plot_pareto(result, out / f"pareto_{stem}.png", title=f"Evaluated skip sets — {title}", selected=selected)
         )
     except (ReportError, StorageError, PlotError, ValueError) as e:
         comp.plot_error = str(e)

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tss_opt.errors import TSSError
 from tss_opt.report.tables import format_skip_set
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ __all__ = ["PlotError", "plot_pareto", "plot_single_layer_profile"]
 UP, DOWN, NEUTRAL = "#2b83ba", "#d7191c", "#9e9e9e"
 
 
-class PlotError(ValueError):
+class PlotError(TSSError):
     """The study lacks what a plot needs (e.g. level 1 never ran)."""
 
 

@@ -10,13 +10,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.errors import TSSError
+
 if TYPE_CHECKING:
     from tss_opt.evaluation.evaluator import EvalResult
 
 __all__ = ["DomainComparison", "HeldoutReport", "ReportError"]
 
 
-class ReportError(ValueError):
+class ReportError(TSSError):
     """The report cannot be made as asked; the message names the value and the fix."""
 
 

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.errors import TSSError
+
 if TYPE_CHECKING:
     from tss_opt.evaluation.decoding.target import TargetModel
     from tss_opt.evaluation.domains import Domain
@@ -65,7 +67,7 @@ BACKGROUND = "<background>"
 ROUTER_FORMAT = 2
 
 
-class RouterError(ValueError):
+class RouterError(TSSError):
     """A router cannot be built or loaded; the message names the value and the fix."""
 
 

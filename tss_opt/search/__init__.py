@@ -16,7 +16,7 @@ Main entry points:
 
 from __future__ import annotations
 
-from tss_opt.config.search import MODES, SELECTIONS, SearchSettings
+from tss_opt.config.search import MODES, SELECTIONS, SearchSettings, SearchSettingsError
 from tss_opt.search.algorithm import Measurement, Thresholds, plan_search
 from tss_opt.search.evaluator import Evaluator, EvaluatorError
 from tss_opt.search.feasibility import FEASIBILITIES, PairedFeasibility, PerPrompt
@@ -42,6 +42,7 @@ __all__ = [
     "SearchError",
     "SearchResult",
     "SearchSettings",
+    "SearchSettingsError",
     "StudyMismatchError",
     "Thresholds",
     "TrialRecord",

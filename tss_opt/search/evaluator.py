@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from tss_opt.errors import TSSError
 from tss_opt.search.algorithm import Measurement
 from tss_opt.search.feasibility import PER_PROMPT_DECIMALS, PerPrompt
 
@@ -54,7 +55,7 @@ class Evaluator(Protocol):
     def __call__(self, skip: frozenset[int]) -> Mapping[str, Any]: ...
 
 
-class EvaluatorError(ValueError):
+class EvaluatorError(TSSError):
     """The evaluator is malformed or returned something unusable."""
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.config.search import IDENTITY_FIELDS, LEGACY_IDENTITY, SearchSettings
+from tss_opt.errors import TSSError
 from tss_opt.storage import storage_url
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ IDENTITY_METADATA = ("model", "num_layers", "drafter", "domain", "split")
 PROTOCOL_KEYS = ("prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype")
 
 
-class StudyMismatchError(ValueError):
+class StudyMismatchError(TSSError):
     """An existing study was created with different settings, model or objectives."""
 
 

@@ -110,12 +110,23 @@ class Progress:
             self._log("%s", line)
 
     def finished(
-        self, stop_reason: str, best: Config, pareto: list[Config], evaluated: int
+        self,
+        stop_reason: str,
+        best: Config,
+        pareto: list[Config],
+        evaluated: int,
+        given_up: list[Config] | None = None,
     ) -> None:
         self._log(
-            "search finished (%s) after %d configurations: S* = %s; Pareto set: %s",
+            "search finished (%s) after %d configurations: S* = %s; Pareto set: %s%s",
             stop_reason,
             evaluated,
             _fmt(best),
             ", ".join(_fmt(c) for c in pareto) or "-",
+            (
+                "; GIVEN UP after repeated worker crashes (treated as infeasible): "
+                + ", ".join(_fmt(c) for c in given_up)
+            )
+            if given_up
+            else "",
         )

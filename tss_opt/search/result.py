@@ -111,6 +111,13 @@ class SearchResult:
         return self.record(self.best)
 
     @property
+    def given_up(self) -> list[frozenset[int]]:
+        """Configurations given up after their workers crashed ``max_crash_retries + 1``
+        times; the search treated them as infeasible, so S* and the Pareto set may differ
+        from a run where they were measured. Delete their FAIL trials and resume to re-run."""
+        return [r.skip_set for r in self.trials if r.failed]
+
+    @property
     def evaluated(self) -> set[frozenset[int]]:
         """The set of evaluated skip sets (baseline included)."""
         return {r.skip_set for r in self.trials}
@@ -126,6 +133,7 @@ class SearchResult:
             "pool": list(self.pool),
             "evaluated": len(self.trials),
             "feasibility": self.feasibility_rule,
+            "given_up": [list(canonical(c)) for c in self.given_up],
         }
 
 

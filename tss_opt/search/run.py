@@ -12,6 +12,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
 from tss_opt.config.search import SearchSettings
+from tss_opt.errors import TSSError
 from tss_opt.search.evaluator import Evaluator, describe_evaluator
 from tss_opt.search.note import save_search_note
 from tss_opt.search.progress import Progress
@@ -30,7 +31,7 @@ __all__ = ["SearchError", "run_search"]
 logger = logging.getLogger("tss_opt.search")
 
 
-class SearchError(RuntimeError):
+class SearchError(TSSError):
     """The search cannot proceed (e.g. the dense baseline cannot be evaluated)."""
 
 
@@ -127,7 +128,9 @@ def run_search(
         )
         study.set_user_attr("result", result.summary())
         save_search_note(study, result)
-        progress.finished(result.stop_reason, result.best, result.pareto, len(result.trials))
+        progress.finished(
+            result.stop_reason, result.best, result.pareto, len(result.trials), result.given_up
+        )
         return result
 
 

@@ -47,6 +47,10 @@ class QueueStudy(optuna.Study):
     level to finish), so it is never created.
     """
 
+    #: The trial this process took last (``None`` before the first): the worker fails it
+    #: with a recorded reason when an interrupt arrives anywhere while it runs.
+    taken_trial_id: int | None = None
+
     def ask(self, fixed_distributions: dict[str, Any] | None = None) -> optuna.Trial:
         # Same as Study.ask (and its _pop_waiting_trial_id), minus the fallback to a new
         # trial. Reading the queue through the study's cached storage also registers the
@@ -67,6 +71,7 @@ class QueueStudy(optuna.Study):
                 continue
             if not taken:
                 continue
+            self.taken_trial_id = trial_id
             # Heartbeat at once, not only when Study.optimize starts its heartbeat thread, so a
             # worker killed in between still leaves a trial that goes stale.
             record_heartbeat(self._storage, trial_id)
@@ -153,10 +158,51 @@ class Worker:
             )
         except QueueEmpty:
             pass
-        except UpdateFinishedTrialError as e:
-            # Our trial was failed as stale by another worker (heartbeats were late, e.g. an
-            # overloaded machine); its retry runs elsewhere, so just carry on.
-            logger.warning("a trial of this worker was failed by another worker: %s", e)
+        except KeyboardInterrupt:
+            # Wherever the interrupt landed (taking the trial, writing parameters or
+            # attributes, telling the result), the trial must not count as a crash.
+            self._fail_interrupted()
+            raise
+        except (UpdateFinishedTrialError, ValueError) as e:
+            # Our trial was failed as stale by another worker while this one was stalled
+            # (stopped, swapped out, heartbeats late) and its retry runs elsewhere: Optuna's
+            # tell then raises "Cannot tell a FAIL trial" (ValueError) or a write raises
+            # UpdateFinishedTrialError. Discard the late result and carry on.
+            trial = self._taken_over()
+            if trial is None:
+                raise
+            logger.warning(
+                "trial #%d (skip set %s) was failed as stale by another worker while this "
+                "worker was stalled; its late result is discarded (%s)",
+                trial.number,
+                trial.user_attrs.get("skip_set"),
+                e,
+            )
+
+    def _taken_over(self) -> FrozenTrial | None:
+        """This worker's last trial if another worker failed it as stale, else ``None``."""
+        trial_id = self.study.taken_trial_id
+        if trial_id is None:
+            return None
+        trial = self.study._storage.get_trial(trial_id)
+        # A trial this worker failed itself carries FAIL_REASON_KEY (see _objective).
+        if trial.state == TrialState.FAIL and FAIL_REASON_KEY not in trial.system_attrs:
+            return trial
+        return None
+
+    def _fail_interrupted(self) -> None:
+        """Fail this worker's running trial as interrupted (re-queued, not a crash)."""
+        trial_id = self.study.taken_trial_id
+        if trial_id is None:
+            return
+        storage = self.study._storage
+        try:
+            trial = storage.get_trial(trial_id)
+            if trial.state == TrialState.RUNNING:
+                storage.set_trial_system_attr(trial_id, FAIL_REASON_KEY, "KeyboardInterrupt()")
+                storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        except Exception as e:  # noqa: BLE001 - the interrupt itself must still propagate
+            logger.debug("could not fail interrupted trial %d: %s", trial_id, e)
 
     def _after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         # "level k: evaluated x/y" during long levels, at most once per progress interval
@@ -167,6 +213,19 @@ class Worker:
             self.progress.state(self.sampler.state(self.study), force=True)
 
     def _objective(self, trial: optuna.Trial) -> tuple[float, float, float]:
+        try:
+            return self._evaluate(trial)
+        except BaseException as e:
+            # Mark the failure as an evaluation error or interrupt (not a crash) so it is
+            # re-queued without using up the crash retry, wherever in the trial it happened
+            # (evaluator, parameters, attributes); then let Optuna fail the trial and re-raise.
+            try:
+                trial.storage.set_trial_system_attr(trial._trial_id, FAIL_REASON_KEY, repr(e)[:500])
+            except Exception:  # noqa: BLE001 - never mask the original error
+                pass
+            raise
+
+    def _evaluate(self, trial: optuna.Trial) -> tuple[float, float, float]:
         config = config_of(self.study._storage.get_trial(trial._trial_id))
         if config is None:
             raise RuntimeError(
@@ -176,20 +235,11 @@ class Worker:
         for i in range(self.sampler.num_layers):
             skipped = trial.suggest_categorical(param_name(i), [False, True])
             assert skipped == (i in config), f"trial #{trial.number}: skip_{i} disagrees"
-        try:
-            ev = self._evaluate(config)
-            self.evaluations += 1
-            self.prompt_evaluations += ev.prompts_used or 0
-            m, extras = ev.measurement, ev.extras
-            self._check_prompt_count(config, ev)
-        except BaseException as e:
-            # Mark the failure as an evaluation error (not a crash) so it is re-queued
-            # without using up the crash retry; then let Optuna fail the trial and re-raise.
-            try:
-                trial.storage.set_trial_system_attr(trial._trial_id, FAIL_REASON_KEY, repr(e)[:500])
-            except Exception:  # noqa: BLE001 - never mask the evaluator's own error
-                pass
-            raise
+        ev = self._evaluate_skip_set(config)
+        self.evaluations += 1
+        self.prompt_evaluations += ev.prompts_used or 0
+        m, extras = ev.measurement, ev.extras
+        self._check_prompt_count(config, ev)
         verdict = self._rule(config, m).verdict(m)
         constraints = list(verdict.constraints)
         feasible = verdict.feasible
@@ -250,7 +300,7 @@ class Worker:
             assert plan.baseline is not None, "level >= 1 runs only after the baseline"
             self._set_rule(plan.baseline, plan.thresholds)
 
-    def _evaluate(self, config: Config) -> TrialEvaluation:
+    def _evaluate_skip_set(self, config: Config) -> TrialEvaluation:
         settings = self.sampler.settings
         n = prompt_count(self.evaluator)
         if not (settings.early_stopping and settings.feasibility == "paired" and n is not None):

@@ -19,22 +19,36 @@ from tss_opt.storage.heartbeat import (
 from tss_opt.storage.locks import file_lock, study_lock, unwrap_storage
 from tss_opt.storage.open import open_storage, storage_url
 from tss_opt.storage.sqlite import SQLiteRDBStorage, make_sqlite_safe
-from tss_opt.storage.url import DEFAULT_STORAGE_URL, mask_url, parse_storage_url
+from tss_opt.storage.url import (
+    DEFAULT_STORAGE_URL,
+    STORAGE_ENV_VAR,
+    SecretFilter,
+    install_secret_filter,
+    mask_secrets,
+    mask_url,
+    parse_storage_url,
+    resolve_storage_url,
+)
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HEARTBEAT_INTERVAL",
     "DEFAULT_STORAGE_URL",
+    "STORAGE_ENV_VAR",
     "SQLiteRDBStorage",
+    "SecretFilter",
     "StorageError",
     "fail_stale",
     "file_lock",
     "heartbeat_enabled",
+    "install_secret_filter",
     "make_sqlite_safe",
+    "mask_secrets",
     "mask_url",
     "open_storage",
     "parse_storage_url",
     "record_heartbeat",
+    "resolve_storage_url",
     "storage_url",
     "study_lock",
     "unwrap_storage",

@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
+from tss_opt.errors import TSSError
+
 _CONTROLLER_ATTR = "_tss_skip_controller"
 
 
-class SkipError(ValueError):
+class SkipError(TSSError):
     """A skip set that does not fit the model."""
 
 

@@ -8,12 +8,13 @@ from typing import Any
 
 import torch
 
+from tss_opt.errors import TSSError
 from tss_opt.evaluation.decoding.cache import SkipAwareCache
 from tss_opt.evaluation.decoding.skip import SkipController
 from tss_opt.evaluation.decoding.tree import DraftTree
 
 
-class ContextLengthError(ValueError):
+class ContextLengthError(TSSError):
     """A prompt (plus the tokens to generate) does not fit the model's context."""
 
 

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tss_opt.errors import TSSError
+
 __all__ = [
     "Metric",
     "MetricResult",
@@ -44,7 +46,7 @@ class MetricResult:
     extras: dict[str, float] = field(default_factory=dict)
 
 
-class UnknownMetricError(KeyError, ValueError):
+class UnknownMetricError(KeyError, TSSError):
     """Raised for a metric name that is not registered.
 
     Both a ``KeyError`` (a failed lookup) and a ``ValueError`` (bad user input), so callers can

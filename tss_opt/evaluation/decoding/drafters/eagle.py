@@ -31,6 +31,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from tss_opt.errors import TSSError
 from tss_opt.evaluation.decoding.cache import crop_to
 from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.evaluation.decoding.tree import DraftTree
@@ -42,7 +43,7 @@ WEIGHTS_SAFETENSORS = "model.safetensors"
 _TARGET_OWNED = ("embed_tokens.weight",)
 
 
-class EagleHeadError(ValueError):
+class EagleHeadError(TSSError):
     """An EAGLE head checkpoint is missing or does not fit the target model."""
 
 

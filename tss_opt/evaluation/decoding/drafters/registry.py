@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.config import config_dir
+from tss_opt.errors import TSSError
 from tss_opt.evaluation.decoding.drafter import Drafter
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ _RESERVED = ("name", "_target_")
 MISSING = "???"  # OmegaConf's mandatory value, when a config was converted with resolve only
 
 
-class DrafterConfigError(ValueError):
+class DrafterConfigError(TSSError):
     """A drafter config names an unknown drafter or gives settings it does not take."""
 
 

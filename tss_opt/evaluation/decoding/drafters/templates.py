@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tss_opt.errors import TSSError
+
 BUILTIN_PREFIX = "builtin:"
 # Shipped as package data (pyproject: data/trees/*.json); located relative to this file so it
 # works from a checkout and after ``pip install`` alike.
 TREES_DIR = Path(__file__).resolve().parents[3] / "data" / "trees"
 
 
-class TemplateError(ValueError):
+class TemplateError(TSSError):
     """A tree template is malformed or does not fit the drafter's limits."""
 
 
