@@ -10,7 +10,7 @@ import optuna
 
 from tss_opt.search.algorithm import canonical, pareto_front, select
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
-from tss_opt.search.settings import SearchSettings
+from tss_opt.search.settings import BFS_MODES, SearchSettings
 
 __all__ = ["LevelSummary", "SearchResult", "TrialRecord", "build_result", "load_result"]
 
@@ -205,6 +205,10 @@ def load_result(
             "(it has no 'search_settings' user attribute)."
         )
     settings = SearchSettings.from_mapping(attrs["search_settings"])
+    if settings.mode not in BFS_MODES:
+        from tss_opt.search.strategy_result import load_strategy_result
+
+        return load_strategy_result(study, settings, selection=selection)
     sampler = BreadthFirstSampler(
         settings,
         int(attrs["num_layers"]),

@@ -17,7 +17,12 @@ early_barrier      early barrier        0 (Table 3 uses 2)
 latter_barrier     latter barrier       0 (Table 3)
 selection          S* rule              "min_cost" (Algorithm 1); Table 3 uses
                                         "triple_win"
+seed               -                    0 (random, tpe, nsga2, gp strategies)
+sleb_score         SLEB's score         "metric" (sleb strategy; paper: perplexity)
 =================  ===================  ==========================================
+
+``mode`` also names the rival strategies of :mod:`tss_opt.search.strategies` (``sleb``,
+``gm_skip``, ``random``, ``accept_only``, ``metric_only``, ``tpe``, ``nsga2``, ``gp``).
 """
 
 from __future__ import annotations
@@ -32,10 +37,32 @@ from typing import Any
 
 from tss_opt.storage.heartbeat import DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL
 
-__all__ = ["IDENTITY_FIELDS", "MODES", "SELECTIONS", "SearchSettings", "settings_hash"]
+__all__ = [
+    "BFS_MODES",
+    "IDENTITY_FIELDS",
+    "MODES",
+    "OPTUNA_MODES",
+    "SEEDED_MODES",
+    "SELECTIONS",
+    "SLEB_SCORES",
+    "SearchSettings",
+    "SettingTypeError",
+    "settings_hash",
+]
 
-MODES = ("exhaustive", "beam")
+# The breadth-first search of Algorithm 1 (BreadthFirstSampler replays plan_search).
+BFS_MODES = ("exhaustive", "beam")
+# Rival strategies on the same study space (tss_opt.search.strategies).
+OPTUNA_MODES = ("tpe", "nsga2", "gp")
+MODES = (*BFS_MODES, "sleb", "gm_skip", "random", "accept_only", "metric_only", *OPTUNA_MODES)
+# Strategies that draw random numbers; their `seed` is part of the study's identity.
+SEEDED_MODES = ("random", *OPTUNA_MODES)
 SELECTIONS = ("min_cost", "triple_win")
+SLEB_SCORES = ("metric", "accept_length")
+
+
+class SettingTypeError(TypeError, ValueError):
+    """A setting has the wrong type (a ValueError too, so commands report it as a user error)."""
 
 # Settings that decide which configurations are evaluated. A stored study is resumed only
 # with the same values; `selection` is not among them because it only reads the stored
@@ -77,6 +104,11 @@ class SearchSettings:
             ``"triple_win"`` (appendix: metric, acceptance and tokens/s all >= dense).
         max_trials: Cap on evaluated configurations, the dense baseline included
             (``None``: no cap). Retries of crashed trials do not count.
+        seed: Seed of the randomised strategies (``random``, ``tpe``, ``nsga2``, ``gp``); an
+            integer. Ignored (and not part of the study identity) for the others.
+        sleb_score: The quality score the ``sleb`` strategy ranks removals by:
+            ``"metric"`` (the task metric on the calibration prompts) or
+            ``"accept_length"``. Ignored by the other modes.
         heartbeat_interval: Seconds between heartbeats of a running trial.
         grace_period: Seconds without heartbeat after which a trial counts as crashed
             and is retried once.
@@ -94,6 +126,8 @@ class SearchSettings:
     latter_barrier: int = 0
     selection: str = "min_cost"
     max_trials: int | None = None
+    seed: int = 0
+    sleb_score: str = "metric"
     heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL
     grace_period: int = DEFAULT_GRACE_PERIOD
 
@@ -109,6 +143,12 @@ class SearchSettings:
         """
         _choice("mode", self.mode, MODES)
         _choice("selection", self.selection, SELECTIONS)
+        _choice("sleb_score", self.sleb_score, SLEB_SCORES)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise SettingTypeError(
+                f"seed={self.seed!r} has type {type(self.seed).__name__}; expected an integer "
+                "(e.g. seed=0)."
+            )
         _int("beam_width", self.beam_width, minimum=1)
         _int("max_depth", self.max_depth, minimum=1)
         _int("early_barrier", self.early_barrier, minimum=0)
@@ -142,8 +182,17 @@ class SearchSettings:
         return tuple(range(self.early_barrier, num_layers - self.latter_barrier))
 
     def identity(self) -> dict[str, Any]:
-        """The settings that decide which configurations are evaluated (stored per study)."""
-        return {name: getattr(self, name) for name in IDENTITY_FIELDS}
+        """The settings that decide which configurations are evaluated (stored per study).
+
+        ``seed`` counts only for the randomised modes and ``sleb_score`` only for ``sleb``,
+        so the identity (and the study-name hash) of a breadth-first search is unchanged.
+        """
+        out = {name: getattr(self, name) for name in IDENTITY_FIELDS}
+        if self.mode in SEEDED_MODES:
+            out["seed"] = self.seed
+        if self.mode == "sleb":
+            out["sleb_score"] = self.sleb_score
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict."""
@@ -185,10 +234,13 @@ def _int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
 def _tolerance(name: str, value: Any, relative: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name}={value!r} is not a finite number.")
-    if relative and not 0 <= value < 1:
+    # A negative relative tolerance requires a gain (the paper's "+5 %" column of Table 4:
+    # eps = -0.05 bounds A >= A0 * 1.05); it stays above -1 so the bound stays finite.
+    if relative and not -1 < value < 1:
         raise ValueError(
             f"{name}={value} is out of range; expected 0 <= {name} < 1 when relative=True "
-            "(a fraction of the dense baseline, e.g. 0.05 for 5 %)."
+            "(a fraction of the dense baseline, e.g. 0.05 for 5 %), or -1 < "
+            f"{name} < 0 to require a gain (e.g. -0.05 for 5 % better than dense)."
         )
     if not relative and value < 0:
         raise ValueError(

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tss_opt.search.algorithm import Config
 from tss_opt.search.evaluator import EvaluatorInfo, to_json
-from tss_opt.search.settings import IDENTITY_FIELDS, SearchSettings, settings_hash
+from tss_opt.search.settings import SearchSettings, settings_hash
 from tss_opt.storage import storage_url, study_lock
 
 __all__ = [
@@ -190,7 +190,7 @@ def _check_same_search(
     attrs = study.user_attrs
     diffs: list[str] = []
     stored = attrs.get("search_settings", {})
-    for name in IDENTITY_FIELDS:
+    for name in settings.identity():
         if name in stored and stored[name] != getattr(settings, name):
             diffs.append(f"{name}: stored {stored[name]!r}, requested {getattr(settings, name)!r}")
     for key, value in (
