@@ -81,7 +81,12 @@ class TSSConfig:
     # report
     report_dir: str = "storage/report"
     report_domains: list[str] = field(default_factory=list)  # [] = every domain in the mapping
-    heldout_prompts: int | None = None  # None = the domain's heldout_size (48)
+    heldout_prompts: int | None = None  # None = the domain's heldout_size (48); compare/sweep: 0 = none
+
+    # compare: search strategies run on one domain with one budget (search.max_trials)
+    strategies: list[str] = field(default_factory=list)
+    # sweep: tolerances in the paper's sign (-0.05 allows a 5 % drop, +0.05 requires a 5 % gain)
+    sweep_tolerances: list[float] = field(default_factory=lambda: [0.05, 0.0, -0.05, -0.10, -0.20])
 
 
 def register_configs() -> None:

@@ -19,7 +19,12 @@ selection          S* rule              "min_cost" (Algorithm 1); Table 3 uses
                                         "triple_win"
 feasibility        (point thresholds)   "paired" (issue 10); "point" = the paper
 confidence         -                    0.9 (one-sided, paired rule)
+seed               -                    0 (random, tpe, nsga2, gp strategies)
+sleb_score         SLEB's score         "metric" (sleb strategy; paper: perplexity)
 =================  ===================  ==========================================
+
+``mode`` also names the rival strategies of :mod:`tss_opt.search.strategies` (``sleb``,
+``gm_skip``, ``random``, ``accept_only``, ``metric_only``, ``tpe``, ``nsga2``, ``gp``).
 """
 
 from __future__ import annotations
@@ -39,19 +44,28 @@ class SearchSettingsError(TSSError):
     """A search setting out of range or of the wrong type."""
 
 
+class SettingTypeError(TypeError, SearchSettingsError):
+    """A setting has the wrong type (a user error too, so commands report it in one line)."""
+
+
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "BFS_MODES",
     "FEASIBILITIES",
     "IDENTITY_FIELDS",
     "LEGACY_IDENTITY",
     "MODES",
+    "OPTUNA_MODES",
+    "SEEDED_MODES",
+    "SLEB_SCORES",
     "SELECTIONS",
     "Feasibility",
     "Mode",
     "SearchSettings",
     "SearchSettingsError",
     "Selection",
+    "SettingTypeError",
 ]
 
 # Heartbeats of running trials (seconds): a trial whose worker went silent for the grace
@@ -61,10 +75,20 @@ DEFAULT_GRACE_PERIOD = 30
 
 
 class Mode(StrEnum):
-    """How levels >= 2 are built (see :class:`SearchSettings`)."""
+    """The search strategy: Algorithm 1's breadth-first search (``exhaustive``: every k-subset
+    of the pool; ``beam``: the best parents extended) or a rival on the same study space
+    (:mod:`tss_opt.search.strategies`)."""
 
     exhaustive = "exhaustive"
     beam = "beam"
+    sleb = "sleb"
+    gm_skip = "gm_skip"
+    random = "random"
+    accept_only = "accept_only"
+    metric_only = "metric_only"
+    tpe = "tpe"
+    nsga2 = "nsga2"
+    gp = "gp"
 
 
 class Selection(StrEnum):
@@ -82,6 +106,13 @@ class Feasibility(StrEnum):
 
 
 MODES = tuple(m.value for m in Mode)
+# The breadth-first search of Algorithm 1 (BreadthFirstSampler replays plan_search).
+BFS_MODES = ("exhaustive", "beam")
+# Rival strategies run by Optuna's own samplers (tss_opt.search.optuna_strategy).
+OPTUNA_MODES = ("tpe", "nsga2", "gp")
+# Strategies that draw random numbers; their `seed` is part of the study's identity.
+SEEDED_MODES = ("random", *OPTUNA_MODES)
+SLEB_SCORES = ("metric", "accept_length")
 SELECTIONS = tuple(m.value for m in Selection)
 FEASIBILITIES = tuple(m.value for m in Feasibility)
 
@@ -134,6 +165,11 @@ class SearchSettings:
             ``"triple_win"`` (appendix: metric, acceptance and tokens/s all >= dense).
         max_trials: Cap on evaluated configurations, the dense baseline included
             (``None``: no cap). Retries of crashed trials do not count.
+        seed: Seed of the randomised strategies (``random``, ``tpe``, ``nsga2``, ``gp``); an
+            integer. Ignored (and not part of the study identity) for the others.
+        sleb_score: The quality score the ``sleb`` strategy ranks removals by:
+            ``"metric"`` (the task metric on the calibration prompts) or
+            ``"accept_length"``. Ignored by the other modes.
         heartbeat_interval: Seconds between heartbeats of a running trial.
         grace_period: Seconds without heartbeat after which a trial counts as crashed
             and is retried once.
@@ -165,6 +201,8 @@ class SearchSettings:
     latter_barrier: int = 0
     selection: Selection = Selection.min_cost
     max_trials: int | None = None
+    seed: int = 0
+    sleb_score: str = "metric"
     heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL
     grace_period: int = DEFAULT_GRACE_PERIOD
     feasibility: Feasibility = Feasibility.paired
@@ -185,6 +223,12 @@ class SearchSettings:
         """
         self.mode = Mode.parse("mode", self.mode)
         self.selection = Selection.parse("selection", self.selection)
+        _choice("sleb_score", self.sleb_score, SLEB_SCORES)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise SettingTypeError(
+                f"seed={self.seed!r} has type {type(self.seed).__name__}; expected an integer "
+                "(e.g. seed=0)."
+            )
         _int("beam_width", self.beam_width, minimum=1)
         _int("max_depth", self.max_depth, minimum=1)
         _int("early_barrier", self.early_barrier, minimum=0)
@@ -229,8 +273,17 @@ class SearchSettings:
         return tuple(range(self.early_barrier, num_layers - self.latter_barrier))
 
     def identity(self) -> dict[str, Any]:
-        """The settings that decide which configurations are evaluated (stored per study)."""
-        return {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS}
+        """The settings that decide which configurations are evaluated (stored per study).
+
+        ``seed`` counts only for the randomised modes and ``sleb_score`` only for ``sleb``,
+        so the identity (and the study-name hash) of a breadth-first search is unchanged.
+        """
+        out = {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS}
+        if self.mode in SEEDED_MODES:
+            out["seed"] = self.seed
+        if self.mode == "sleb":
+            out["sleb_score"] = self.sleb_score
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict (Enum members as their string values)."""
@@ -275,10 +328,13 @@ def _confidence(value: Any) -> None:
 def _tolerance(name: str, value: Any, relative: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise SearchSettingsError(f"{name}={value!r} is not a finite number.")
-    if relative and not 0 <= value < 1:
+    # A negative relative tolerance requires a gain (the paper's "+5 %" column of Table 4:
+    # eps = -0.05 bounds A >= A0 * 1.05); it stays above -1 so the bound stays finite.
+    if relative and not -1 < value < 1:
         raise SearchSettingsError(
             f"{name}={value} is out of range; expected 0 <= {name} < 1 when relative=True "
-            "(a fraction of the dense baseline, e.g. 0.05 for 5 %)."
+            "(a fraction of the dense baseline, e.g. 0.05 for 5 %), or -1 < "
+            f"{name} < 0 to require a gain (e.g. -0.05 for 5 % better than dense)."
         )
     if not relative and value < 0:
         raise SearchSettingsError(

@@ -37,8 +37,10 @@ from tss_opt.search.feasibility import PairedFeasibility, PerPrompt, Verdict
 __all__ = [
     "Config",
     "Feasibility",
+    "OBJECTIVES",
     "LevelPlan",
     "Measurement",
+    "OneObjective",
     "SearchPlan",
     "Thresholds",
     "beam_rank_key",
@@ -117,6 +119,45 @@ class Thresholds:
 
 # The rule plan_search applies: the paper's point thresholds or the paired bounds.
 Feasibility = Thresholds | PairedFeasibility
+
+
+# Which objectives drive the breadth-first search (pool, feasibility while searching, beam
+# ranking): both (Algorithm 1), or one (the accept_only / metric_only rival strategies).
+OBJECTIVES = ("both", "accept", "metric")
+
+
+@dataclass(frozen=True)
+class OneObjective:
+    """A feasibility rule restricted to one objective, for the one-objective searches.
+
+    Wraps the rule of the search (today :class:`Thresholds`; any object with
+    ``constraints(m) -> (c_A, c_M)``) and keeps only the constraint of ``objective``.
+    ``constraints`` is passed through unchanged, so stored trials carry both constraints.
+    """
+
+    rule: Thresholds
+    objective: str  # "accept" or "metric"
+
+    def constraints(self, m: Measurement) -> tuple[float, float]:
+        return self.rule.constraints(m)
+
+    def _own(self, m: Measurement) -> bool:
+        return self.rule.constraints(m)[0 if self.objective == "accept" else 1] <= 0.0
+
+    def satisfied(self, m: Measurement) -> bool:
+        """The driving objective's bound holds."""
+        return self._own(m)
+
+    def either(self, m: Measurement) -> bool:
+        """Same as :meth:`satisfied`: with one objective there is no "other" bound."""
+        return self._own(m)
+
+
+def restrict(rule: Thresholds, objective: str) -> Thresholds | OneObjective:
+    """``rule`` itself for ``"both"``, else the rule on one objective."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"Unknown objective {objective!r}; expected one of: {', '.join(OBJECTIVES)}.")
+    return rule if objective == "both" else OneObjective(rule, objective)
 
 
 def _bound(base: float, tol: float, relative: bool, higher_is_better: bool) -> float:
@@ -249,17 +290,30 @@ class SearchPlan:
         return tuple(c for lv in self.levels for c in lv.feasible)
 
 
+def metric_rank_key(config: Config, m: Measurement, metric_higher_is_better: bool = True) -> tuple:
+    """Beam sort key of the metric-only search: better metric, then |S|, tokens/s, order."""
+    tps = m.tokens_per_s if m.tokens_per_s is not None else -math.inf
+    metric = m.metric if metric_higher_is_better else -m.metric
+    return (-metric, -len(config), -tps, canonical(config))
+
+
 def _next_level(
     k: int,
     settings: SearchSettings,
     pool: Sequence[int],
     prev_feasible: Sequence[Config],
     results: Mapping[Config, Measurement | None],
+    objective: str = "both",
+    metric_higher_is_better: bool = True,
 ) -> list[Config]:
     if settings.mode == "exhaustive":
         children = {frozenset(c) for c in itertools.combinations(pool, k)}
     else:
-        ranked = sorted(prev_feasible, key=lambda c: beam_rank_key(c, results[c]))
+        if objective == "metric":
+            key = lambda c: metric_rank_key(c, results[c], metric_higher_is_better)  # noqa: E731
+        else:
+            key = lambda c: beam_rank_key(c, results[c])  # noqa: E731
+        ranked = sorted(prev_feasible, key=key)
         parents = ranked[: settings.beam_width]
         children = {p | {i} for p in parents for i in pool if i not in p}
     return sorted(children, key=canonical)
@@ -271,6 +325,7 @@ def plan_search(
     results: Mapping[Config, Measurement | None],
     *,
     metric_higher_is_better: bool = True,
+    objective: str = "both",
 ) -> SearchPlan:
     """Replay Algorithm 1 over ``results`` and return the current state.
 
@@ -281,6 +336,10 @@ def plan_search(
             configuration given up on (crashed too often; it counts as evaluated and
             infeasible). Configurations missing from the mapping are not evaluated yet.
         metric_higher_is_better: The metric's direction.
+        objective: ``"both"`` (Algorithm 1), or ``"accept"`` / ``"metric"``: the pool, the
+            feasibility that drives the search (levels' ``feasible``, stopping, beam parents)
+            and the beam ranking use that objective only. ``thresholds`` stays the
+            two-objective rule (what trials store as their constraints).
 
     Returns:
         The plan: levels so far, baseline, pool, frontier, and whether the search is done.
@@ -311,7 +370,9 @@ def plan_search(
             configs = [frozenset({i}) for i in allowed]
         else:
             assert pool is not None
-            configs = _next_level(k, settings, pool, prev_feasible, results)
+            configs = _next_level(
+                k, settings, pool, prev_feasible, results, objective, metric_higher_is_better
+            )
             if not configs:
                 return done(
                     f"level {k} has no configuration to evaluate (candidate pool: {list(pool)})"
@@ -330,10 +391,11 @@ def plan_search(
             thr = feasibility_for(
                 baseline, settings, metric_higher_is_better=metric_higher_is_better
             )
+        drive = restrict(thr, objective) if thr is not None else None
         feasible = [
             c
             for c in finished
-            if thr is not None and results[c] is not None and thr.satisfied(results[c])
+            if drive is not None and results[c] is not None and drive.satisfied(results[c])
         ]
         levels.append(LevelPlan(k, tuple(configs), total, len(finished), tuple(feasible)))
         if unfinished:
@@ -343,7 +405,9 @@ def plan_search(
             pool_thr = feasibility_for(
                 baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=True
             )
-            pool = candidate_pool({next(iter(c)): results[c] for c in configs}, pool_thr)
+            pool = candidate_pool(
+                {next(iter(c)): results[c] for c in configs}, restrict(pool_thr, objective)
+            )
         if budget == 0 and len(configs) < total:
             # A level cut short by the budget says nothing about its unevaluated sets.
             return done(

@@ -145,7 +145,7 @@ def identity_differences(
     """
     diffs: list[str] = []
     stored = attrs.get("search_settings", {})
-    for name in IDENTITY_FIELDS:
+    for name in settings.identity():
         # A field the stored settings lack (a study made before it existed) counts as its
         # legacy value: such a study was searched under the point rule, without early stops.
         if name in stored:

@@ -8,7 +8,7 @@ from typing import Any
 
 import optuna
 
-from tss_opt.config.search import SearchSettings
+from tss_opt.config.search import BFS_MODES, SearchSettings
 from tss_opt.search.algorithm import canonical, pareto_front, select
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
@@ -252,6 +252,10 @@ def load_result(
             "(it has no 'search_settings' user attribute)."
         )
     settings = SearchSettings.from_mapping(attrs["search_settings"])
+    if settings.mode not in BFS_MODES:
+        from tss_opt.search.strategy_result import load_strategy_result
+
+        return load_strategy_result(study, settings, selection=selection)
     sampler = BreadthFirstSampler(
         settings,
         int(attrs["num_layers"]),

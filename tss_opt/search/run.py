@@ -11,13 +11,16 @@ from typing import Any
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
-from tss_opt.config.search import SearchSettings
+from tss_opt.config.search import BFS_MODES, OPTUNA_MODES, SearchSettings
 from tss_opt.errors import TSSError
 from tss_opt.search.evaluator import Evaluator, describe_evaluator
 from tss_opt.search.note import save_search_note
+from tss_opt.search.optuna_strategy import run_optuna_strategy
 from tss_opt.search.progress import Progress
 from tss_opt.search.result import SearchResult, build_result
 from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
+from tss_opt.search.strategies import QUEUED_MODES, StrategySampler, check_budget
+from tss_opt.search.strategy_result import build_strategy_result
 from tss_opt.search.study import create_or_load_study
 from tss_opt.search.worker import QueueStudy, RetryStaleSkipSetCallback, Worker
 from tss_opt.storage import (
@@ -69,6 +72,10 @@ def run_search(
         metadata: Model id, num_layers, drafter, domain, split, protocol... stored in the
             study's user attributes and copied into the mapping by
             :func:`tss_opt.mapping.export_mapping`.
+            ``mode`` picks the strategy: ``exhaustive`` / ``beam`` (Algorithm 1) or a rival
+            (``sleb``, ``gm_skip``, ``random``, ``accept_only``, ``metric_only``, ``tpe``,
+            ``nsga2``, ``gp``; see :mod:`tss_opt.search.strategies`), with ``seed`` and
+            ``sleb_score`` for those that use them.
         n_workers_hint: How many workers are expected (checked against the storage; logged).
         show_progress: Log progress at INFO (else DEBUG) on logger ``tss_opt.search``.
         **setting_values: :class:`SearchSettings` fields (``mode``, ``beam_width``,
@@ -94,15 +101,38 @@ def run_search(
     settings = _settings(settings, setting_values)
     info = describe_evaluator(evaluator)
     settings.validate(info.num_layers)
+    check_budget(settings, info.num_layers)
+    if settings.mode in OPTUNA_MODES and n_workers_hint is not None and n_workers_hint > 1:
+        raise ValueError(
+            f"mode={settings.mode!r} runs in one process (its sampler's duplicate check and "
+            f"budget are counted there); got n_workers_hint={n_workers_hint}. Run one worker, "
+            f"or use a queued strategy ({', '.join(QUEUED_MODES)}) for several."
+        )
     if not isinstance(study_name, str) or not study_name:
         raise ValueError(f"study_name={study_name!r} must be a non-empty string.")
     with _storage_for(storage, settings, n_workers_hint) as store:
         create_or_load_study(store, study_name, info, settings, metadata)
-        sampler = BreadthFirstSampler(
-            settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
-        )
-        study = QueueStudy(study_name=study_name, storage=store, sampler=sampler)
         progress = Progress(info.metric_name, show=show_progress)
+        if settings.mode in OPTUNA_MODES:
+            logger.log(
+                progress.level, "worker runs study '%s' (%s sampler, L=%d, max_trials=%s)",
+                study_name, settings.mode, info.num_layers, settings.max_trials,
+            )
+            result = run_optuna_strategy(
+                store, study_name, settings, evaluator, info, progress,
+                n_workers_hint=n_workers_hint,
+            )
+            _finish(store, study_name, result, progress)
+            return result
+        if settings.mode in BFS_MODES:
+            sampler = BreadthFirstSampler(
+                settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
+            )
+        else:
+            sampler = StrategySampler(
+                settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
+            )
+        study = QueueStudy(study_name=study_name, storage=store, sampler=sampler)
         logger.log(
             progress.level,
             "worker joins study '%s' (%s mode, L=%d%s)",
@@ -119,13 +149,27 @@ def run_search(
                 f"{MAX_CRASH_RETRIES + 1} times. Fix the evaluator, then delete the study or "
                 "use a new study_name."
             )
-        result = build_result(
-            state,
-            sampler,
-            study_name=study_name,
-            selection=str(settings.selection),
-            metric_name=info.metric_name,
-        )
+        if settings.mode in BFS_MODES:
+            result = build_result(
+                state,
+                sampler,
+                study_name=study_name,
+                selection=str(settings.selection),
+                metric_name=info.metric_name,
+            )
+        else:
+            result = build_strategy_result(
+                state.results,
+                state.complete,
+                settings,
+                num_layers=info.num_layers,
+                metric_higher_is_better=info.metric_higher_is_better,
+                study_name=study_name,
+                metric_name=info.metric_name,
+                stop_reason=state.plan.stop_reason,
+                finished=state.plan.finished,
+                pool=tuple(state.plan.pool or ()),
+            )
         study.set_user_attr("result", result.summary())
         save_search_note(study, result)
         progress.finished(
@@ -142,6 +186,18 @@ def _settings(settings: SearchSettings | None, values: Mapping[str, Any]) -> Sea
         )
     base = settings.to_dict() if settings is not None else {}
     return SearchSettings.from_mapping({**base, **values})
+
+
+def _finish(store: BaseStorage, study_name: str, result: SearchResult, progress: Progress) -> None:
+    import optuna
+
+    optuna.load_study(study_name=study_name, storage=store).set_user_attr("result", result.summary())
+    if result.baseline == {}:
+        raise SearchError(f"Study '{study_name}': the dense baseline could not be evaluated.")
+    save_search_note(optuna.load_study(study_name=study_name, storage=store), result)
+    progress.finished(
+        result.stop_reason, result.best, result.pareto, len(result.trials), result.given_up
+    )
 
 
 @contextlib.contextmanager

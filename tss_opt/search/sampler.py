@@ -146,14 +146,19 @@ class BreadthFirstSampler(BaseSampler):
             if config not in complete and config not in pending:
                 if self.crashes(fails) > self.max_crash_retries:
                     results[config] = None
-        plan = plan_search(
+        plan = self.plan(results)
+        missing = [c for c in plan.frontier if c not in pending]
+        return StoredState(plan, results, complete, dict(pending), dict(failed), missing)
+
+    def plan(self, results: dict[Config, Measurement | None]) -> SearchPlan:
+        """The search state implied by ``results``: Algorithm 1 (subclasses plan other
+        strategies, see :class:`tss_opt.search.strategies.StrategySampler`)."""
+        return plan_search(
             self.settings,
             self.num_layers,
             results,
             metric_higher_is_better=self.metric_higher_is_better,
         )
-        missing = [c for c in plan.frontier if c not in pending]
-        return StoredState(plan, results, complete, dict(pending), dict(failed), missing)
 
     @staticmethod
     def measurement(trial: FrozenTrial) -> Measurement:

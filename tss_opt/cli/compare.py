@@ -1,0 +1,146 @@
+"""``python -m tss_opt.cli.compare +domain=NAME strategies=[beam,sleb,random] search.max_trials=N``
+
+Runs each listed search strategy on one domain with one budget (each in its own study, named
+as ``python -m tss_opt`` would name it with ``search.mode=<strategy>``; finished studies are
+reused), evaluates every chosen skip set and the dense baseline on ``heldout_prompts``
+held-out prompts (0: none), and writes ``compare_<domain>.md`` / ``.json`` (the paper's Table 2
+layout) and ``compare_<domain>.png`` (best feasible cost against evaluations) into
+``report_dir``. See docs/compare.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tss_opt.assembly import assemble, build_evaluator, require_domain
+from tss_opt.cli.common import hydra_entry
+from tss_opt.errors import UsageError
+
+log = logging.getLogger("tss_opt.cli")
+
+
+def with_search(cfg: DictConfig, **values: Any) -> DictConfig:
+    """A copy of ``cfg`` with ``search.<key>=value`` set (the study name follows)."""
+    out = copy.deepcopy(cfg)
+    for k, v in values.items():
+        OmegaConf.update(out, f"search.{k}", v, merge=False)
+    return out
+
+
+def run_study(cfg: DictConfig, evaluator: Any) -> Any:
+    """Run (or reuse) the study ``cfg`` names with ``evaluator``; return its SearchResult."""
+    from tss_opt.assembly import search_settings, study_identity
+    from tss_opt.search import run_search
+
+    name, metadata = study_identity(cfg)
+    settings = search_settings(cfg)
+    metadata["model"] = getattr(evaluator, "model_id", metadata["model"])
+    log.info("study %s (%s)", name, settings.mode)
+    # run_search refuses a stored study of another identity (settings or protocol) itself.
+    return run_search(evaluator, settings, storage=cfg.storage, study_name=name, metadata=metadata)
+
+
+class HeldoutCache:
+    """Held-out A / M / tok/s per skip set, each set measured once (dense included)."""
+
+    def __init__(self, cfg: DictConfig, runtime: Any) -> None:
+        domain = require_domain(cfg)
+        n = cfg.get("heldout_prompts")
+        self.prompts = domain.config.heldout_size if n is None else int(n)
+        self.evaluator = (
+            build_evaluator(cfg, runtime=runtime, split="heldout", prompts=self.prompts) if self.prompts > 0 else None
+        )
+        self.done: dict[frozenset[int], dict[str, float | None]] = {}
+
+    def __call__(self, skip: list[int]) -> dict[str, float | None]:
+        if self.evaluator is None:
+            return {}
+        key = frozenset(skip)
+        if key not in self.done:
+            r = self.evaluator.evaluate(key)
+            self.done[key] = {"accept_length": r.accept_length, "metric": r.metric, "tokens_per_s": r.tokens_per_s}
+        return self.done[key]
+
+
+def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
+    """The search's evaluator (``evaluator._target_``), sharing one loaded model."""
+    import hydra.utils
+
+    ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
+    assert isinstance(ev_cfg, dict)
+    target = ev_cfg.pop("_target_")
+    if target == "tss_opt.cli.common.build_evaluator":
+        return build_evaluator(cfg, runtime=runtime, **ev_cfg)
+    return hydra.utils.get_method(target)(cfg=cfg, **ev_cfg)
+
+
+def compare(cfg: DictConfig) -> list[Any]:
+    from tss_opt.report.compare import (
+        ComparisonRow,
+        comparison_markdown,
+        plot_best_cost,
+        row_from_result,
+        write_rows,
+    )
+    from tss_opt.search import MODES
+
+    strategies = [str(s) for s in (cfg.get("strategies") or [])]
+    if not strategies:
+        raise UsageError(f"no strategies listed; add strategies=[beam,sleb,random] (options: {', '.join(MODES)})")
+    unknown = [s for s in strategies if s not in MODES]
+    if unknown:
+        raise UsageError(f"unknown strateg{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))}; expected one of: {', '.join(MODES)}")
+    domain = require_domain(cfg)
+    # Check every strategy's settings (budget, seed) before loading a model.
+    from tss_opt.assembly import search_settings
+    from tss_opt.search.strategies import check_budget
+
+    num_layers = int(cfg.model.num_layers)
+    for s in strategies:
+        check_budget(search_settings(with_search(cfg, mode=s)), num_layers)
+    rt = assemble(cfg)
+    evaluator = calibration_evaluator(cfg, rt)
+    heldout = HeldoutCache(cfg, rt)
+    rows: list[ComparisonRow] = []
+    dense: ComparisonRow | None = None
+    for s in strategies:
+        result = run_study(with_search(cfg, mode=s), evaluator)
+        row = row_from_result(s, result)
+        row.heldout = heldout(row.skip_set)
+        rows.append(row)
+        if dense is None:
+            b = result.baseline
+            dense = ComparisonRow(
+                label="dense", study_name="", skip_set=[], sparsity=0.0,
+                calibration={k: (float(b[k]) if isinstance(b.get(k), (int, float)) else None) for k in ("accept_length", "metric", "tokens_per_s")},
+                heldout=heldout([]), curve=[], evaluations=0,
+            )
+            dense_cost = float(b["cost"]) if "cost" in b else None
+    metric = evaluator.metric_name if hasattr(evaluator, "metric_name") else "metric"
+    md = comparison_markdown(rows, metric_name=metric, domain=domain.name, dense=dense)
+    budget = cfg.search.max_trials
+    meta = {
+        "domain": domain.name, "model": rt.loaded.model_id, "drafter": rt.drafter_cfg.get("name"),
+        "max_trials": budget, "heldout_prompts": heldout.prompts, "metric": metric,
+        "dense": None if dense is None else dense.__dict__,
+    }
+    paths = write_rows(rows, md, cfg.report_dir, f"compare_{domain.name}", meta)
+    paths["plot"] = plot_best_cost(
+        rows, f"{cfg.report_dir}/compare_{domain.name}.png",
+        title=f"{domain.name}: best feasible cost vs evaluations (max_trials={budget})", dense_cost=dense_cost,
+    )
+    print(md)
+    print()
+    for path in paths.values():
+        print(f"wrote {path}")
+    return rows
+
+
+main = hydra_entry(compare)
+
+if __name__ == "__main__":
+    main()
