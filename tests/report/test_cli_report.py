@@ -56,7 +56,7 @@ def test_report_command_writes_everything_and_shows_progress(mapping, tmp_path, 
     printed = capsys.readouterr().out
     skip = "{" + ", ".join(map(str, rep.domains[0].entry["skip_set"])) + "}"
     assert f"| qa | TSS | {skip} |" in printed and "| qa | Native | — |" in printed
-    assert {p.name for p in out.iterdir()} == {"heldout.md", "heldout.json", "profile_qa.png", "pareto_qa.png"}
+    assert {p.name for p in out.iterdir()} == {"heldout.md", "heldout.json", "profile_qa.png", "pareto_qa.png", "speedup.png"}
     data = json.loads((out / "heldout.json").read_text())
     assert [r["method"] for r in data["rows"]] == ["Native", "TSS"]
     assert data["rows"][1]["skip_set"] == list(rep.domains[0].entry["skip_set"])
