@@ -8,6 +8,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+from report_data import VALIDATED_ENTRY
 
 from tss_opt.evaluation.decoding import engine as engine_mod
 from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
@@ -24,8 +25,6 @@ from tss_opt.report import (
 )
 from tss_opt.report.heldout import study_storage
 from tss_opt.search import run_search
-
-from report_data import VALIDATED_ENTRY
 
 TINY_ID = "tiny-llama-4l-seed0"
 N_NEW = 8

@@ -7,11 +7,10 @@ import random
 
 import numpy as np
 import pytest
+from report_data import VALIDATED_ENTRY
 
 from tss_opt.report.assessment import HeldoutStats, domain_verdict, validation_prediction
 from tss_opt.report.intervals import Interval, bootstrap_ratio, paired_difference
-
-from report_data import VALIDATED_ENTRY
 
 # Student t quantiles from tables (two-sided 90% = one-sided 95%).
 T95_DF3 = 2.353363

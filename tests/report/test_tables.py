@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from report_data import VALIDATED_ENTRY
 
 from tss_opt.evaluation.evaluator import EvalResult, PromptRecord
-from tss_opt.report import DomainComparison, HeldoutReport, assess, markdown_report, report_to_dict, write_report
+from tss_opt.report import (
+    DomainComparison,
+    HeldoutReport,
+    assess,
+    markdown_report,
+    report_to_dict,
+    write_report,
+)
 from tss_opt.report.tables import markdown_table, table_rows, validation_table
-
-from report_data import VALIDATED_ENTRY
 
 
 def result(skip, accept, scores, tps, repetition=None) -> EvalResult:

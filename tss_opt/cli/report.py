@@ -69,6 +69,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
     from tss_opt.report.heldout import add_study_plots, run_heldout, write_report
     from tss_opt.report.tables import markdown_table
 
+    level = _level(cfg.get("report_confidence", 0.9))  # refuse a bad level before loading anything
     mapping = load_mapping(cfg.mapping_path)
     domains = report_domains(cfg, mapping)
     rt = assemble(cfg)
@@ -85,7 +86,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
         rt.target, rt.loaded.tokenizer, rt.new_drafter, mapping, domains,
         model_id=rt.loaded.model_id, drafter=drafter, prompts=cfg.get("heldout_prompts"),
         max_new_tokens=cfg.get("max_new_tokens"), scope=str(cfg.scope), temperature=float(cfg.temperature),
-        eos_token_ids=rt.eos_token_ids, level=_level(cfg.get("report_confidence", 0.9)),
+        eos_token_ids=rt.eos_token_ids, level=level,
         resamples=int(cfg.get("report_bootstrap", 2000)), seed=int(cfg.get("report_seed", 0)),
         eps_metric=float(cfg.search.eps_metric), relative=bool(cfg.search.relative),
     )

@@ -32,7 +32,13 @@ from tss_opt.report.heldout import (
 )
 from tss_opt.report.intervals import Interval, bootstrap_ratio, paired_difference
 from tss_opt.report.plots import PlotError, plot_pareto, plot_single_layer_profile, plot_speedup
-from tss_opt.report.tables import format_skip_set, markdown_report, markdown_table, report_to_dict, validation_table
+from tss_opt.report.tables import (
+    format_skip_set,
+    markdown_report,
+    markdown_table,
+    report_to_dict,
+    validation_table,
+)
 
 __all__ = [
     "DomainComparison",

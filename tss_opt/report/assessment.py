@@ -27,7 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tss_opt.report.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES, Interval, bootstrap_ratio, paired_difference
+from tss_opt.report.intervals import (
+    DEFAULT_LEVEL,
+    DEFAULT_RESAMPLES,
+    Interval,
+    bootstrap_ratio,
+    paired_difference,
+)
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.evaluator import EvalResult

@@ -241,8 +241,8 @@ def markdown_report(report: HeldoutReport, link_base: str | os.PathLike[str] | N
             "",
             validation_table(report),
             "",
-            f"- validation columns: the mapping entry's validation figures of S* (mean paired difference to dense "
-            f"and its one-sided lower bound at the validation confidence; n/a when the entry was not validated).",
+            "- validation columns: the mapping entry's validation figures of S* (mean paired difference to dense "
+            "and its one-sided lower bound at the validation confidence; n/a when the entry was not validated).",
             "- A ratio within 10%: |held-out A ratio / validation A ratio - 1| <= 0.10.",
             f"- metric within tolerance: the lower end of the {100 * report.level:g}% interval of ΔMetric "
             f"(oriented by the metric's direction) >= -tolerance, {tol}: the metric is not significantly below native.",
