@@ -56,7 +56,7 @@ def test_report_command_writes_everything_and_shows_progress(mapping, tmp_path, 
     printed = capsys.readouterr().out
     skip = "{" + ", ".join(map(str, rep.domains[0].entry["skip_set"])) + "}"
     assert f"| qa | TSS | {skip} |" in printed and "| qa | Native | — |" in printed
-    assert {p.name for p in out.iterdir()} == {"heldout.md", "heldout.json", "profile_qa.png", "pareto_qa.png"}
+    assert {p.name for p in out.iterdir()} == {"heldout.md", "heldout.json", "profile_qa.png", "pareto_qa.png", "speedup.png"}
     data = json.loads((out / "heldout.json").read_text())
     assert [r["method"] for r in data["rows"]] == ["Native", "TSS"]
     assert data["rows"][1]["skip_set"] == list(rep.domains[0].entry["skip_set"])
@@ -91,3 +91,16 @@ def test_report_refuses_unmapped_domains_and_other_models(mapping, tmp_path):
         report(make_cfg(f"mapping_path={other}", f"report_dir={tmp_path / 'r'}"))
     with pytest.raises(MappingError, match="does not exist"):
         report(make_cfg(f"mapping_path={tmp_path / 'none.yaml'}"))
+
+
+def test_report_intervals_settings(mapping, tmp_path):
+    _, _, path = mapping
+    with pytest.raises(UsageError, match=r"report_confidence=1.5 is out of range"):
+        report(make_cfg(f"mapping_path={path}", "report_confidence=1.5"))
+    out = tmp_path / "r"
+    rep = report(make_cfg(f"mapping_path={path}", f"report_dir={out}", "report_confidence=0.8", "report_bootstrap=300", "report_seed=5"))
+    assert (rep.level, rep.resamples, rep.seed) == (0.8, 300, 5)
+    sp = rep.domains[0].stats.speedup
+    assert (sp.level, sp.resamples, sp.seed) == (0.8, 300, 5)
+    data = json.loads((out / "heldout.json").read_text())
+    assert data["intervals"]["level"] == 0.8 and data["verdict_rule"]["eps_metric"] == 0.05

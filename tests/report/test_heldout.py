@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.image
 import pytest
+from report_data import VALIDATED_ENTRY
 
 from tss_opt.evaluation.decoding import engine as engine_mod
 from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
+from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
 from tss_opt.mapping import MappingError, export_mapping, load_mapping
 from tss_opt.report import (
     ReportError,
@@ -72,7 +75,10 @@ def studied(tmp_path_factory):
             metadata={"model": TINY_ID, "domain": domain, "drafter": "pld"}, show_progress=False,
         )
         export_mapping(url, name, mapping_path)
-    return tmp, url, load_mapping(mapping_path)
+    mapping = load_mapping(mapping_path)
+    # qa carries validation figures (as export writes them after validation); translation none.
+    mapping = mapping.with_entry(replace(mapping.entry_for("qa"), validation=VALIDATED_ENTRY["validation"]))
+    return tmp, url, mapping
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +218,74 @@ def test_missing_study_leaves_a_reason_not_a_crash(report, tmp_path):
         assert comp.plots == {} and "no-such-study" in (comp.plot_error or "")
     finally:
         comp.entry = saved
+
+
+def test_per_prompt_records_keep_tokens_and_repetition(report):
+    rep, _, _ = report
+    for comp in rep.domains:
+        for res in (comp.native, comp.tss):
+            for p in res.prompts:
+                assert len(p.token_ids) == p.new_tokens >= 1
+                assert p.repetition == repeated_ngram_share(p.token_ids)
+        assert [p.index for p in comp.native.prompts] == [0, 1, 2]
+
+
+def test_intervals_prediction_and_verdict_on_the_tiny_model(report):
+    rep, paths, _ = report
+    qa, tr = rep.domains
+    for comp in (qa, tr):
+        st = comp.stats
+        assert st.speedup.estimate == pytest.approx(comp.speedup)
+        assert st.accept_diff.n == 3 and st.accept_diff.lower <= st.accept_diff.estimate <= st.accept_diff.upper
+        assert st.speedup.lower <= st.speedup.upper and st.speedup.seed == rep.seed
+        assert st.metric_diff.estimate == pytest.approx(
+            sum(t.score - n.score for t, n in zip(comp.tss.prompts, comp.native.prompts, strict=True)) / 3
+        )
+        assert comp.verdict is not None and not comp.verdict.dense_kept
+    assert qa.prediction is not None and qa.prediction.accept_ratio == pytest.approx(1.2)
+    assert qa.verdict.accept_within_prediction is not None
+    assert tr.prediction is None and tr.verdict.accept_within_prediction is None
+    md = paths["markdown"].read_text(encoding="utf-8")
+    assert "## Validation prediction against held-out, and the verdict" in md
+    qa_line = next(x for x in md.splitlines() if x.startswith("| qa | {2, 3} | +0.400 (lower bound +0.300)"))
+    assert "goal" in qa_line
+    tr_line = next(x for x in md.splitlines() if x.startswith("| translation | {2, 3} | n/a |"))
+    assert tr_line.count("n/a") >= 3
+    data = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert data["domains"]["qa"]["validation_prediction"]["num_prompts"] == 16
+    assert data["domains"]["translation"]["validation_prediction"] is None
+    assert data["rows"][1]["speedup_interval"]["level"] == 0.9
+    assert paths["speedup"].is_file()
+
+
+def test_dense_kept_domain_runs_native_once(tiny, target, studied, tmp_path, monkeypatch):
+    _, _, mapping = studied
+    entry = mapping.entry_for("qa")
+    kept = replace(
+        entry, skip_set=(), validation={**VALIDATED_ENTRY["validation"], "chosen": [], "dense_kept": True,
+                                        "figures": None, "reason": "dense kept: no candidate passed validation"},
+    )
+    dense_mapping = mapping.with_entry(kept)
+    calls: list[frozenset[int]] = []
+    original = engine_mod.SpeculativeEngine.generate
+
+    def spy(self, prompt_ids, **kwargs):
+        calls.append(frozenset(kwargs["skip"]))
+        return original(self, prompt_ids, **kwargs)
+
+    monkeypatch.setattr(engine_mod.SpeculativeEngine, "generate", spy)
+    rep = run_heldout(
+        target, tiny.tokenizer, pld, dense_mapping, [make_domain(tmp_path, "qa")], model_id=TINY_ID, prompts=2,
+        show_progress=False,
+    )
+    assert calls == [frozenset()] * 3  # one warm-up, then each prompt once: dense is not compared with itself
+    (comp,) = rep.domains
+    assert comp.dense_kept and comp.tss is None and comp.num_prompts == 2
+    assert comp.dense_kept_reason == "no candidate passed validation"
+    assert comp.verdict.dense_kept and comp.verdict.goal_met and comp.speedup == 1.0
+    paths = write_report(rep, tmp_path / "out")
+    md = paths["markdown"].read_text(encoding="utf-8")
+    assert "| qa | Native (dense kept) | — |" in md and "| qa | TSS |" not in md
+    assert "dense kept: no candidate passed validation" in md
+    data = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert [r["method"] for r in data["rows"]] == ["Native (dense kept)"] and data["domains"]["qa"]["tss"] is None

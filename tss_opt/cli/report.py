@@ -1,11 +1,14 @@
 """``python -m tss_opt.cli.report [mapping_path=...] [report_domains=[qa,rag]] [heldout_prompts=8]
-[max_new_tokens=32] [storage=URL] [report_dir=storage/report]``
+[max_new_tokens=32] [storage=URL] [report_dir=storage/report] [report_confidence=0.9]
+[report_bootstrap=2000] [report_seed=0]``
 
 The held-out evaluation of a mapping: for each mapped domain (or ``report_domains``), the
 held-out prompts run with the dense target and with the domain's skip set, interleaved per
-prompt, with the same drafter. Writes ``heldout.md`` (the paper's Table 1 layout),
-``heldout.json`` and, per domain, ``profile_<domain>.png`` and ``pareto_<domain>.png`` from the
-domain's search study into ``report_dir``. See docs/report.md.
+prompt, with the same drafter (native only where the mapping keeps dense). Paired intervals,
+the validation prediction and a verdict per domain (metric tolerance: ``search.eps_metric``,
+``search.relative``). Writes ``heldout.md`` (the paper's Table 1 layout plus intervals),
+``heldout.json``, ``speedup.png`` and, per domain, ``profile_<domain>.png`` and
+``pareto_<domain>.png`` from the domain's search study into ``report_dir``. See docs/report.md.
 """
 
 from __future__ import annotations
@@ -53,10 +56,20 @@ def report_domains(cfg: DictConfig, mapping: DomainMapping) -> list[Domain]:
     return out
 
 
+def _level(value: float) -> float:
+    from tss_opt.report.intervals import check_level
+
+    try:
+        return check_level(value)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+
+
 def report(cfg: DictConfig) -> HeldoutReport:
     from tss_opt.report.heldout import add_study_plots, run_heldout, write_report
     from tss_opt.report.tables import markdown_table
 
+    level = _level(cfg.get("report_confidence", 0.9))  # refuse a bad level before loading anything
     mapping = load_mapping(cfg.mapping_path)
     domains = report_domains(cfg, mapping)
     rt = assemble(cfg)
@@ -73,7 +86,9 @@ def report(cfg: DictConfig) -> HeldoutReport:
         rt.target, rt.loaded.tokenizer, rt.new_drafter, mapping, domains,
         model_id=rt.loaded.model_id, drafter=drafter, prompts=cfg.get("heldout_prompts"),
         max_new_tokens=cfg.get("max_new_tokens"), scope=str(cfg.scope), temperature=float(cfg.temperature),
-        eos_token_ids=rt.eos_token_ids,
+        eos_token_ids=rt.eos_token_ids, level=level,
+        resamples=int(cfg.get("report_bootstrap", 2000)), seed=int(cfg.get("report_seed", 0)),
+        eps_metric=float(cfg.search.eps_metric), relative=bool(cfg.search.relative),
     )
     for comp in result.domains:
         log.info("plots for %s", comp.domain)

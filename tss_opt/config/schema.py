@@ -82,6 +82,9 @@ class TSSConfig:
     report_dir: str = "storage/report"
     report_domains: list[str] = field(default_factory=list)  # [] = every domain in the mapping
     heldout_prompts: int | None = None  # None = the domain's heldout_size (48); compare/sweep: 0 = none
+    report_confidence: float = 0.9  # two-sided coverage of the paired intervals (docs/report.md)
+    report_bootstrap: int = 2000  # paired bootstrap resamples for the ratio intervals (speedup, A ratio)
+    report_seed: int = 0  # seed of that bootstrap: the same seed gives the same intervals
 
     # compare: search strategies run on one domain with one budget (search.max_trials)
     strategies: list[str] = field(default_factory=list)

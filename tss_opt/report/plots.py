@@ -6,6 +6,8 @@
 - :func:`plot_pareto`: every evaluated skip set as accepted length against metric, coloured by
   cost; feasible and infeasible sets have different markers, the Pareto set is ringed and the
   selected S* is annotated.
+- :func:`plot_speedup`: the held-out report's speedup per domain with its interval bars
+  (dense-kept domains drawn at 1.0 without a bar).
 
 Both take a :class:`tss_opt.search.SearchResult` (``tss_opt.search.load_result`` rebuilds one
 from the storage) and use ``matplotlib.figure.Figure`` directly, so pyplot's global state and
@@ -24,9 +26,10 @@ from tss_opt.errors import TSSError
 from tss_opt.report.tables import format_skip_set
 
 if TYPE_CHECKING:
+    from tss_opt.report.results import HeldoutReport
     from tss_opt.search import SearchResult, TrialRecord
 
-__all__ = ["PlotError", "plot_pareto", "plot_single_layer_profile"]
+__all__ = ["PlotError", "plot_pareto", "plot_single_layer_profile", "plot_speedup"]
 
 UP, DOWN, NEUTRAL = "#2b83ba", "#d7191c", "#9e9e9e"
 
@@ -185,6 +188,49 @@ def plot_pareto(
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     ax.set_title(title or f"Evaluated skip sets — {result.study_name}", fontsize=10)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def plot_speedup(report: HeldoutReport, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    """Held-out speedup (TSS tok/s over native tok/s) per domain with its interval as error bars.
+
+    Bars at or above 1.0 are blue, below red; dense-kept domains are grey at 1.0 with no
+    error bar; a dashed line marks 1.0.
+
+    Raises:
+        PlotError: The report has no domains.
+    """
+    from matplotlib.figure import Figure
+
+    if not report.domains:
+        raise PlotError("the report has no domains to plot")
+    names, est, err_lo, err_hi, colors = [], [], [], [], []
+    for c in report.domains:
+        names.append(c.domain if c.tss is not None else f"{c.domain}\n(dense kept)")
+        iv = c.stats.speedup if c.stats is not None else None
+        e = c.speedup
+        est.append(0.0 if math.isnan(e) else e)
+        lo = 0.0 if iv is None or math.isnan(iv.lower) else max(0.0, e - iv.lower)
+        hi = 0.0 if iv is None or math.isnan(iv.upper) else max(0.0, iv.upper - e)
+        err_lo.append(lo)
+        err_hi.append(hi)
+        colors.append(NEUTRAL if c.tss is None else (UP if e >= 1.0 else DOWN))
+    fig = Figure(figsize=(max(5.0, 1.2 * len(names) + 2), 4.2), layout="constrained")
+    ax = fig.subplots()
+    xs = list(range(len(names)))
+    ax.bar(xs, est, color=colors, edgecolor="black", linewidth=0.5)
+    ax.errorbar(xs, est, yerr=[err_lo, err_hi], fmt="none", ecolor="black", capsize=5, linewidth=1.0)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(names)
+    ax.set_ylabel(f"speedup (TSS / native tok/s), {100 * report.level:g}% interval")
+    top = max(e + h for e, h in zip(est, err_hi, strict=True))
+    ax.set_ylim(0.0, max(1.2, top * 1.1))
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(title or f"Held-out speedup per domain — {report.model}", fontsize=10)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -14,6 +14,7 @@ from tss_opt.errors import TSSError
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.evaluator import EvalResult
+    from tss_opt.report.assessment import DomainVerdict, HeldoutStats, ValidationPrediction
 
 __all__ = ["DomainComparison", "HeldoutReport", "ReportError"]
 
@@ -30,27 +31,46 @@ class DomainComparison:
         domain: The domain's name.
         metric_name: Its task metric.
         native: The dense target's result (``skip`` empty).
-        tss: The mapped skip set's result.
+        tss: The mapped skip set's result; ``None`` when the entry keeps dense (then native
+            ran once and nothing is compared).
         num_layers: L, for the sparsity column.
         max_new_tokens: Generation length used.
         entry: The mapping entry's JSON form (the calibration measurements of S*).
         plots: Paths of the PNGs made for the domain (``profile``, ``pareto``).
         plot_error: Why plots are missing, if they are.
+        metric_higher_is_better: The metric's direction (for the verdict).
+        dense_kept_reason: Why dense is kept (``None`` unless ``tss`` is ``None``).
+        stats: The paired intervals (``None`` when dense is kept).
+        prediction: The validation figures of S* from the mapping entry, if any.
+        verdict: The issue-10 goal judged on this domain.
     """
 
     domain: str
     metric_name: str
     native: EvalResult
-    tss: EvalResult
+    tss: EvalResult | None
     num_layers: int
     max_new_tokens: int
     entry: dict[str, Any] = field(default_factory=dict)
     plots: dict[str, str] = field(default_factory=dict)
     plot_error: str | None = None
+    metric_higher_is_better: bool = True
+    dense_kept_reason: str | None = None
+    stats: HeldoutStats | None = None
+    prediction: ValidationPrediction | None = None
+    verdict: DomainVerdict | None = None
+
+    @property
+    def dense_kept(self) -> bool:
+        """The mapping keeps dense for this domain: only native was measured."""
+        return self.tss is None
 
     @property
     def speedup(self) -> float:
-        """TSS tokens/s over native tokens/s (ratio of the per-prompt means)."""
+        """TSS tokens/s over native tokens/s (ratio of the per-prompt means); 1.0 when dense
+        is kept (the runtime runs dense)."""
+        if self.tss is None:
+            return 1.0
         return self.tss.tokens_per_s / self.native.tokens_per_s if self.native.tokens_per_s > 0 else float("nan")
 
     @property
@@ -60,7 +80,12 @@ class DomainComparison:
 
 @dataclass
 class HeldoutReport:
-    """The whole report: model, drafter, protocol and one comparison per domain."""
+    """The whole report: model, drafter, protocol and one comparison per domain.
+
+    ``level``, ``resamples`` and ``seed`` are the intervals' (two-sided coverage, bootstrap
+    resamples and seed, :mod:`tss_opt.report.intervals`); ``eps_metric`` and ``relative`` the
+    metric tolerance of the verdict (:mod:`tss_opt.report.assessment`).
+    """
 
     model: str
     num_layers: int
@@ -71,3 +96,9 @@ class HeldoutReport:
     domains: list[DomainComparison] = field(default_factory=list)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     wall_s: float = 0.0
+    level: float = 0.9
+    resamples: int = 2000
+    seed: int = 0
+    eps_metric: float = 0.05
+    relative: bool = True
+    plots: dict[str, str] = field(default_factory=dict)  # report-wide figures (``speedup``)
