@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from tss_opt.evaluation.decoding import Drafter, TargetModel
     from tss_opt.evaluation.domains import Domain
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+    from tss_opt.evaluation.replay import ReplayEvaluator
     from tss_opt.models import LoadedModel
 
 __all__ = [
     "Assembly",
     "assemble",
     "build_evaluator",
+    "build_replay_evaluator",
     "compose_config",
     "drafter_config",
     "model_config",
@@ -136,13 +138,38 @@ def assemble(cfg: DictConfig) -> Assembly:
     return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
 
 
+def _evaluator_args(
+    cfg: DictConfig, runtime: Assembly | None, split: str | None, prompts: int | None
+) -> tuple[Assembly, list[Any], dict[str, Any]]:
+    """What both evaluators take: the runtime, the split's examples and the keyword settings."""
+    domain = require_domain(cfg)
+    rt = runtime or assemble(cfg)
+    split = split or cfg.split
+    examples = domain.split(split)
+    n = prompts if prompts is not None else cfg.search.get("prompts")
+    if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
+        examples = examples[:n]
+    max_new = cfg.get("max_new_tokens") or cfg.search.get("max_new_tokens") or domain.config.max_new_tokens
+    kwargs = dict(
+        extra_metrics=domain.extra_metrics,
+        max_new_tokens=int(max_new),
+        scope=str(cfg.scope),
+        temperature=cfg.temperature,
+        cost=str(cfg.cost),
+        eos_token_ids=rt.eos_token_ids,
+        system_prompt=domain.config.system_prompt,
+        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
+    )
+    return rt, [examples, domain.metric], kwargs
+
+
 def build_evaluator(
     cfg: DictConfig,
     runtime: Assembly | None = None,
     split: str | None = None,
     prompts: int | None = None,
 ) -> SpecDecodeEvaluator:
-    """The default trial evaluator (``evaluator._target_``): speculative decoding over the
+    """The default trial evaluator (``evaluator=engine``): speculative decoding over the
     domain's split with the configured model and drafter.
 
     Args:
@@ -153,28 +180,34 @@ def build_evaluator(
     """
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 
-    domain = require_domain(cfg)
-    rt = runtime or assemble(cfg)
-    split = split or cfg.split
-    examples = domain.split(split)
-    n = prompts if prompts is not None else cfg.search.get("prompts")
-    if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
-        examples = examples[:n]
-    max_new = cfg.get("max_new_tokens") or cfg.search.get("max_new_tokens") or domain.config.max_new_tokens
-    return SpecDecodeEvaluator(
-        rt.target,
-        rt.loaded.tokenizer,
-        rt.new_drafter,
-        examples,
-        domain.metric,
-        extra_metrics=domain.extra_metrics,
-        max_new_tokens=int(max_new),
-        scope=str(cfg.scope),
-        temperature=cfg.temperature,
-        cost=str(cfg.cost),
-        eos_token_ids=rt.eos_token_ids,
-        system_prompt=domain.config.system_prompt,
-        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
+    rt, (examples, metric), kwargs = _evaluator_args(cfg, runtime, split, prompts)
+    return SpecDecodeEvaluator(rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric, **kwargs)
+
+
+def build_replay_evaluator(
+    cfg: DictConfig,
+    runtime: Assembly | None = None,
+    split: str | None = None,
+    prompts: int | None = None,
+    batch_size: int | None = None,
+) -> ReplayEvaluator:
+    """The replay evaluator (``evaluator=replay``): one batched greedy generation of the
+    sparse target per trial, the drafter replayed over each output (docs/evaluator.md).
+
+    Args:
+        cfg, runtime, split, prompts: as :func:`build_evaluator`.
+        batch_size: prompts per batched forward (``evaluator.batch_size``); ``None`` = 8 on
+            CPU, 32 on CUDA.
+
+    Raises:
+        tss_opt.evaluation.replay.ReplayError: ``cost=measured``, ``temperature > 0`` or a
+            drafter the replay cannot reproduce (Token Recycling).
+    """
+    from tss_opt.evaluation.replay import ReplayEvaluator
+
+    rt, (examples, metric), kwargs = _evaluator_args(cfg, runtime, split, prompts)
+    return ReplayEvaluator(
+        rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric, batch_size=batch_size, **kwargs
     )
 
 
