@@ -52,7 +52,8 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
     for skip in SKIPS:
         times: dict[str, list[float]] = {k: [] for k in evs}
         results = {}
-        for ev in evs.values():
+        for name, ev in evs.items():
+            print(f"# {dtype} skip {sorted(skip)}: warm-up {name}", file=sys.stderr, flush=True)
             ev.evaluate(skip)  # warm-up: caches the dense prefills, first-call overheads
         for _ in range(args.repeats):
             for name, ev in evs.items():
