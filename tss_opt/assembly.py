@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from tss_opt.evaluation.decoding import Drafter, TargetModel
     from tss_opt.evaluation.domains import Domain
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+    from tss_opt.evaluation.replay import ReplayEvaluator
     from tss_opt.models import LoadedModel
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "assemble",
     "build_evaluator",
     "check_prompts",
+    "build_replay_evaluator",
     "compose_config",
     "drafter_config",
     "max_new_tokens_for",
@@ -163,13 +165,38 @@ def assemble(cfg: DictConfig) -> Assembly:
     return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
 
 
+def _evaluator_args(
+    cfg: DictConfig, runtime: Assembly | None, split: str | None, prompts: int | None
+) -> tuple[Assembly, list[Any], dict[str, Any]]:
+    """What both evaluators take: the runtime, the split's examples and the keyword settings."""
+    domain = require_domain(cfg)
+    rt = runtime or assemble(cfg)
+    split = split or cfg.split
+    examples = domain.split(split)
+    n = prompts if prompts is not None else check_prompts(cfg.search.get("prompts"))
+    if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
+        examples = examples[:n]
+    max_new = max_new_tokens_for(cfg, domain)
+    kwargs = dict(
+        extra_metrics=domain.extra_metrics,
+        max_new_tokens=int(max_new),
+        scope=str(cfg.scope),
+        temperature=cfg.temperature,
+        cost=str(cfg.cost),
+        eos_token_ids=rt.eos_token_ids,
+        system_prompt=domain.config.system_prompt,
+        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
+    )
+    return rt, [examples, domain.metric], kwargs
+
+
 def build_evaluator(
     cfg: DictConfig,
     runtime: Assembly | None = None,
     split: str | None = None,
     prompts: int | None = None,
 ) -> SpecDecodeEvaluator:
-    """The default trial evaluator (``evaluator._target_``): speculative decoding over the
+    """The default trial evaluator (``evaluator=engine``): speculative decoding over the
     domain's split with the configured model and drafter.
 
     Args:
@@ -180,28 +207,34 @@ def build_evaluator(
     """
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 
-    domain = require_domain(cfg)
-    rt = runtime or assemble(cfg)
-    split = split or cfg.split
-    examples = domain.split(split)
-    n = prompts if prompts is not None else check_prompts(cfg.search.get("prompts"))
-    if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
-        examples = examples[:n]
-    max_new = max_new_tokens_for(cfg, domain)
-    return SpecDecodeEvaluator(
-        rt.target,
-        rt.loaded.tokenizer,
-        rt.new_drafter,
-        examples,
-        domain.metric,
-        extra_metrics=domain.extra_metrics,
-        max_new_tokens=int(max_new),
-        scope=str(cfg.scope),
-        temperature=cfg.temperature,
-        cost=str(cfg.cost),
-        eos_token_ids=rt.eos_token_ids,
-        system_prompt=domain.config.system_prompt,
-        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
+    rt, (examples, metric), kwargs = _evaluator_args(cfg, runtime, split, prompts)
+    return SpecDecodeEvaluator(rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric, **kwargs)
+
+
+def build_replay_evaluator(
+    cfg: DictConfig,
+    runtime: Assembly | None = None,
+    split: str | None = None,
+    prompts: int | None = None,
+    batch_size: int | None = None,
+) -> ReplayEvaluator:
+    """The replay evaluator (``evaluator=replay``): one batched greedy generation of the
+    sparse target per trial, the drafter replayed over each output (docs/evaluator.md).
+
+    Args:
+        cfg, runtime, split, prompts: as :func:`build_evaluator`.
+        batch_size: prompts per batched forward (``evaluator.batch_size``); ``None`` = 8 on
+            CPU, 32 on CUDA.
+
+    Raises:
+        tss_opt.evaluation.replay.ReplayError: ``cost=measured``, ``temperature > 0`` or a
+            drafter the replay cannot reproduce (Token Recycling).
+    """
+    from tss_opt.evaluation.replay import ReplayEvaluator
+
+    rt, (examples, metric), kwargs = _evaluator_args(cfg, runtime, split, prompts)
+    return ReplayEvaluator(
+        rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric, batch_size=batch_size, **kwargs
     )
 
 
@@ -224,7 +257,7 @@ def validation_evaluator(cfg: DictConfig, evaluator: Any) -> Any | None:
     examples = domain.split("validation")[: n or None]
     if not examples:
         return None
-    if isinstance(evaluator, SpecDecodeEvaluator):
+    if isinstance(evaluator, SpecDecodeEvaluator) or hasattr(evaluator, "on_examples"):
         return evaluator.on_examples(examples)
     ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
     assert isinstance(ev_cfg, dict)
@@ -249,7 +282,7 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
 
     domain = require_domain(cfg)
     mc = as_model_config(model_config(cfg))
-    return {
+    proto = {
         "prompts": min(check_prompts(cfg.search.prompts) or domain.config.calibration_size, domain.config.calibration_size),
         "max_new_tokens": max_new_tokens_for(cfg, domain),
         "split": cfg.split,
@@ -258,6 +291,12 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
         "temperature": float(cfg.temperature),
         "dtype": mc.dtype,
     }
+    # Trials of the replay evaluator measure no tokens/s: a study never mixes the two. The
+    # default (engine) adds no key, so study names from before this key existed still match.
+    target = str(OmegaConf.select(cfg, "evaluator._target_") or "")
+    if target and not target.endswith(".build_evaluator"):
+        proto["evaluator"] = target.rsplit(".", 1)[-1]
+    return proto
 
 
 def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:

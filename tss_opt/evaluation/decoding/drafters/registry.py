@@ -215,13 +215,24 @@ def build_samd(
     template: Any = "builtin:token_recycle_15.json",
     top_k: int = 8,
     keep_table: bool = True,
+    fallback: str = "token_recycle",
 ) -> Drafter:
-    """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle")."""
+    """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle"); ``fallback="none"``
+    proposes nothing when the match is short (SAM decoding alone, replayable by evaluator=replay)."""
     from tss_opt.evaluation.decoding.drafters.sam import SamdDrafter
     from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
+    from tss_opt.evaluation.decoding.engine import NoDrafter
 
-    fallback = TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
-    return SamdDrafter(threshold=threshold, num_tokens=num_tokens, fallback=fallback)
+    if fallback == "none":
+        return SamdDrafter(threshold=threshold, num_tokens=num_tokens, fallback=NoDrafter())
+    if fallback != "token_recycle":
+        raise DrafterConfigError(
+            f"drafter samd: fallback={fallback!r} is not a fallback; expected token_recycle or none"
+        )
+    return SamdDrafter(
+        threshold=threshold, num_tokens=num_tokens,
+        fallback=TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table),
+    )
 
 
 def build_eagle(

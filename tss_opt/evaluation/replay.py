@@ -1,0 +1,513 @@
+"""The replay evaluator: one batched greedy generation per trial, the drafter replayed on it.
+
+With greedy verification, speculative decoding outputs exactly the (sparse) target's greedy
+continuation, and a drafter whose proposals depend only on the context (prompt lookup, SAM
+decoding, a draft model, self-drafting) or on the target's features of committed tokens
+(EAGLE) proposes the same trees whatever ran the target. So a trial needs only the sparse
+target's greedy outputs, computed for many prompts at once (:func:`batched_greedy`: left
+padding, explicit positions and additive 4-D masks), and a replay of the drafter over each
+output (:func:`replay_stats`) that walks every proposed tree along the output, exactly as
+:func:`~tss_opt.evaluation.decoding.accept.accept_greedy` walks it along the target's
+argmax. The per-prompt accepted length, tokens and metric equal the engine's (up to
+floating-point near-ties that batching may break differently; tests/evaluation/test_replay.py).
+
+:class:`ReplayEvaluator` follows the evaluator contract of
+:class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator` (``per_prompt``, ``num_prompts``,
+``prompt_ids=``), so search, early stopping and validation use it unchanged. Only greedy
+decoding and the analytic cost are supported: there is no real speculative decoding to time.
+Token Recycling (and SAMD with its Token Recycling fallback) is refused: its table learns
+from the target's logits at rejected tree nodes, which the replay never computes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tss_opt.errors import TSSError
+from tss_opt.evaluation.decoding.cache import SkipAwareCache
+from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.evaluation.decoding.engine import SCOPES, NoDrafter
+from tss_opt.evaluation.decoding.stats import DecodeStats
+from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.evaluation.domains import Example, format_prompt
+from tss_opt.evaluation.evaluator import EvalResult, aggregate
+from tss_opt.evaluation.metrics import Metric
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "Generation",
+    "ReplayError",
+    "ReplayEvaluator",
+    "batched_greedy",
+    "check_replayable",
+    "default_batch_size",
+    "replay_stats",
+]
+
+DEFAULT_BATCH_SIZE = {"cpu": 8, "cuda": 32}
+"""Prompts per batched forward when ``evaluator.batch_size`` is null, by device type."""
+
+
+class ReplayError(TSSError):
+    """A setting the replay evaluator cannot reproduce exactly (drafter, cost, temperature)."""
+
+
+def default_batch_size(device: torch.device | str) -> int:
+    """8 on CPU (batching barely pays there), 32 on an accelerator."""
+    return DEFAULT_BATCH_SIZE.get(torch.device(device).type, DEFAULT_BATCH_SIZE["cuda"])
+
+
+# ----------------------------------------------------------------------------- drafters
+def _replayable_types() -> tuple[type, ...]:
+    from tss_opt.evaluation.decoding.drafters.draft_model import DraftModelDrafter
+    from tss_opt.evaluation.decoding.drafters.eagle import EagleDrafter
+    from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
+
+    # SelfDrafter subclasses DraftModelDrafter; SamdDrafter is checked with its fallback.
+    return (NoDrafter, PromptLookupDrafter, DraftModelDrafter, EagleDrafter)
+
+
+def check_replayable(drafter: Drafter | None) -> None:
+    """Refuse a drafter whose proposals the replay cannot reproduce exactly.
+
+    Replayable: no drafter, prompt lookup, SAM decoding with ``fallback: none``, a draft
+    model, self-drafting, EAGLE, and any drafter class with ``replayable = True`` (its
+    proposals depend only on the context and on the target features of committed tokens;
+    :meth:`Drafter.update` then gets feedback whose ``logits`` have no columns).
+
+    Raises:
+        ReplayError: naming the drafter and the fix.
+    """
+    from tss_opt.evaluation.decoding.drafters.sam import SamdDrafter
+    from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
+
+    if drafter is None or getattr(drafter, "replayable", False) is True:
+        return
+    if isinstance(drafter, TokenRecycleDrafter):
+        raise ReplayError(
+            "evaluator=replay cannot reproduce Token Recycling: its table learns from the target's logits at "
+            "rejected draft-tree nodes, which a replay never computes; use evaluator=engine with this drafter"
+        )
+    if isinstance(drafter, SamdDrafter):
+        if isinstance(drafter.fallback, TokenRecycleDrafter):
+            raise ReplayError(
+                "evaluator=replay cannot reproduce SAMD's Token Recycling fallback (it learns from target logits "
+                "at rejected tree nodes); set +drafter.fallback=none for SAM decoding alone, or use evaluator=engine"
+            )
+        check_replayable(drafter.fallback)
+        return
+    if not isinstance(drafter, _replayable_types()):
+        raise ReplayError(
+            f"evaluator=replay does not know whether drafter {type(drafter).__name__} can be replayed; "
+            "supported: pld, samd (fallback none), draft_model, self, eagle. Use evaluator=engine, or set "
+            "replayable = True on the class if its proposals depend only on the context and target features"
+        )
+
+
+# ----------------------------------------------------------------------------- batched greedy
+@dataclass
+class Generation:
+    """One prompt's greedy output from :func:`batched_greedy`.
+
+    Attributes:
+        tokens: generated token ids (the prefill's first token included), truncated after
+            the first stop token.
+        prefill_logits: ``(1, vocab)``: the target's logits at the last prompt position.
+        features: ``(P + len(tokens) - 1, hidden)``: the decoder's final hidden states at the
+            prompt and at every generated token that was fed back (all but the last), or
+            ``None`` when not asked for.
+    """
+
+    tokens: list[int]
+    prefill_logits: torch.Tensor
+    features: torch.Tensor | None
+
+
+@dataclass
+class _Prefill:
+    """A batch's prefill state: the cache after the padded prompts, last logits, hidden."""
+
+    cache: SkipAwareCache
+    logits: torch.Tensor  # [B, V]
+    hidden: torch.Tensor | None  # [B, Pmax, H]
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool ``(B, q, kv)`` -> additive ``(B, 1, q, kv)`` (0 / dtype minimum); a bool mask is
+    silently wrong under "eager" attention (FACTS.md)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+@torch.inference_mode()
+def _prefill(target: TargetModel, prompts: Sequence[torch.Tensor], keep_hidden: bool) -> _Prefill:
+    """Left-padded batched prefill (under whatever skip context the caller set)."""
+    dev = target.device
+    lens = torch.tensor([int(p.numel()) for p in prompts])
+    B, P = len(prompts), int(lens.max())
+    pad = P - lens  # [B]
+    ids = torch.zeros(B, P, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, int(pad[b]) :] = p
+    ar = torch.arange(P)
+    pos = (ar[None, :] - pad[:, None]).clamp_min(0)  # [B, P]; pad slots get position 0
+    real = ar[None, :] >= pad[:, None]  # [B, P]
+    causal = ar[None, :] <= ar[:, None]  # [q, kv]
+    allowed = causal[None] & real[:, None, :]  # [B, q, kv]
+    allowed |= torch.eye(P, dtype=torch.bool)[None]  # a pad query sees itself: no empty row
+    cache = target.new_cache()
+    out = target.decoder(
+        input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=_additive(allowed.to(dev), target.dtype),
+        cache=cache, use_cache=True,
+    )
+    hidden = out.last_hidden_state  # [B, P, H]
+    logits = target.lm_head(hidden[:, -1])  # [B, V]: left padding puts every prompt's end last
+    return _Prefill(cache=cache, logits=logits, hidden=hidden if keep_hidden else None)
+
+
+@torch.inference_mode()
+def batched_greedy(
+    target: TargetModel,
+    prompts: Sequence[torch.Tensor],
+    *,
+    max_new_tokens: int,
+    skip: Iterable[int] = (),
+    scope: str = "verify",
+    eos_token_ids: Iterable[int] = (),
+    keep_hidden: bool = False,
+    prefill: Callable[[], Any] | None = None,
+) -> list[Generation]:
+    """The sparse target's greedy continuations of ``prompts``, as one batch.
+
+    Args:
+        prompts: ``torch.LongTensor`` of shape ``(P_b,)`` each.
+        skip: target layers bypassed in decoding (and in the prefill under ``scope="all"``).
+        scope: ``"verify"``: dense prefill, sparse decoding (the engine's verify scope);
+            ``"all"``: sparse throughout.
+        keep_hidden: return each prompt's features (for EAGLE).
+        prefill: returns a dense prefill state to start from (a private copy; ``verify`` only).
+
+    Every row decodes until all rows hit a stop token or ``max_new_tokens`` tokens exist;
+    positions are explicit and masks are additive 4-D tensors sized by the caller, so skipped
+    layers with shorter (or empty, layer 0) caches cannot corrupt them (FACTS.md).
+    """
+    skip = frozenset(int(i) for i in skip)
+    eos = frozenset(int(t) for t in eos_token_ids)
+    dev = target.device
+    lens = torch.tensor([int(p.numel()) for p in prompts])
+    B, P = len(prompts), int(lens.max())
+    pad = P - lens
+    for n in lens.tolist():
+        target.check_fits(n, max_new_tokens)
+    if prefill is not None:
+        state = prefill()
+    else:
+        with target.skip(skip if scope == "all" else ()):
+            state = _prefill(target, prompts, keep_hidden)
+    cache = state.cache
+    tok = state.logits.argmax(-1)  # [B]
+    out = torch.empty(B, max_new_tokens, dtype=torch.long)
+    out[:, 0] = tok.cpu()
+    done = torch.tensor([int(t) in eos for t in out[:, 0].tolist()])
+    feats: list[torch.Tensor] = []  # per step [B, H]
+    real = (torch.arange(P)[None, :] >= pad[:, None]).to(dev)  # [B, P]
+    n = 1
+    with target.skip(skip):
+        while n < max_new_tokens and not bool(done.all()):
+            kv = P + n
+            allowed = torch.ones(B, 1, kv, dtype=torch.bool, device=dev)
+            allowed[:, 0, :P] = real
+            pos = (lens + n - 1).unsqueeze(1).to(dev)  # [B, 1]: the fed token's position
+            o = target.decoder(
+                input_ids=tok.unsqueeze(1), position_ids=pos, attention_mask=_additive(allowed, target.dtype),
+                cache=cache, use_cache=True,
+            )
+            h = o.last_hidden_state[:, -1]  # [B, H]
+            if keep_hidden:
+                feats.append(h)
+            tok = target.lm_head(h).argmax(-1)
+            out[:, n] = tok.cpu()
+            done |= torch.tensor([int(t) in eos for t in out[:, n].tolist()])
+            n += 1
+    gens = []
+    for b in range(B):
+        toks = out[b, :n].tolist()
+        stop = next((i for i, t in enumerate(toks) if t in eos), None)
+        if stop is not None:
+            toks = toks[: stop + 1]
+        features = None
+        if keep_hidden:
+            assert state.hidden is not None
+            rows = [state.hidden[b, int(pad[b]) :]] + [f[b : b + 1] for f in feats[: len(toks) - 1]]
+            features = torch.cat(rows, dim=0)
+        gens.append(Generation(tokens=toks, prefill_logits=state.logits[b : b + 1], features=features))
+    return gens
+
+
+# ----------------------------------------------------------------------------- replay
+def replay_stats(
+    drafter: Drafter | None,
+    prompt: torch.Tensor,
+    tokens: Sequence[int],
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    num_layers: int = 0,
+    skipped_layers: int = 0,
+    prefill_logits: torch.Tensor | None = None,
+    features: torch.Tensor | None = None,
+) -> DecodeStats:
+    """Replay ``drafter`` over the greedy output ``tokens``: the engine's statistics, exactly.
+
+    The engine's greedy step accepts the longest tree path whose tokens equal the target's
+    argmax, then commits the target's next token; here the argmax at every position is the
+    output itself. The first token (the prefill's) belongs to no step (:class:`DecodeStats`);
+    commits stop at a stop token and at ``max_new_tokens``, as in the engine.
+
+    Args:
+        prompt: ``torch.LongTensor`` of shape ``(P,)``.
+        tokens: the target's greedy output (ending at its first stop token, if any).
+        prefill_logits: ``(1, vocab)`` for drafters with prefill feedback.
+        features: ``(P + len(tokens) - 1, hidden)``: target features (EAGLE).
+
+    Returns:
+        The stats of the request (no timings: the caller sets ``total_s``).
+    """
+    drafter = drafter if drafter is not None else NoDrafter()
+    eos = frozenset(int(t) for t in eos_token_ids)
+    prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).cpu()
+    P = int(prompt.numel())
+    y = [int(t) for t in tokens]
+    stats = DecodeStats(prompt_tokens=P, num_layers=num_layers, skipped_layers=skipped_layers)
+    if not y:
+        return stats
+    seq = torch.tensor(prompt.tolist() + y, dtype=torch.long)
+    drafter.reset(prompt)
+    if drafter.needs_prefill_feedback:
+        if features is None or prefill_logits is None:
+            raise ReplayError(f"{type(drafter).__name__} needs the target's features; pass features= and prefill_logits=")
+        drafter.prefill_feedback(prompt, prefill_logits, features[:P])
+    n_out = 1
+    done = y[0] in eos
+    while not done and n_out < max_new_tokens:
+        root, root_pos = y[n_out - 1], P + n_out - 1  # the last committed token and its position
+        tree = drafter.propose(seq[: P + n_out])
+        tree_tokens = tree.tokens.tolist()
+        kids = tree.children()
+        accepted: list[int] = []
+        row = 0
+        # walk while the output has a token to compare with (beyond it, commits are cut anyway)
+        while n_out + len(accepted) < len(y):
+            want = y[n_out + len(accepted)]
+            nxt = next((c for c in kids[row] if tree_tokens[c] == want), None)
+            if nxt is None:
+                break
+            accepted.append(nxt)
+            row = nxt + 1
+        committed = y[n_out : n_out + len(accepted) + 1]  # accepted tokens + the target's next
+        kept = 0
+        for t in committed:
+            if n_out >= max_new_tokens:
+                break
+            n_out += 1
+            kept += 1
+            if t in eos:
+                done = True
+                break
+        if n_out >= len(y):
+            done = True  # the output ends here (budget or stop token)
+        stats.steps += 1
+        stats.step_tokens += kept
+        stats.draft_proposed += len(tree)
+        stats.draft_accepted += min(len(accepted), kept)
+        if not done:
+            drafter.update(_feedback(tree, accepted, committed, features, root_pos, root))
+    stats.new_tokens = n_out
+    stats.verify_layer_forwards = stats.steps * (num_layers - skipped_layers)
+    return stats
+
+
+def _feedback(
+    tree: Any, accepted: list[int], committed: list[int], features: torch.Tensor | None, root_pos: int, root: int
+) -> VerifyFeedback:
+    """The engine's feedback as far as the replay knows it: hidden rows of the root and the
+    accepted path (features of committed tokens); no logits (shape ``(n + 1, 0)``)."""
+    n1 = len(tree) + 1
+    if features is not None:
+        hidden = torch.zeros(n1, features.shape[-1], dtype=features.dtype, device=features.device)
+        rows = [0, *(i + 1 for i in accepted)]
+        hidden[rows] = features[root_pos : root_pos + len(rows)]
+    else:
+        hidden = torch.zeros(n1, 0)
+    return VerifyFeedback(
+        tree=tree, accepted=tuple(accepted), committed=torch.tensor(committed, dtype=torch.long),
+        logits=torch.zeros(n1, 0), hidden=hidden, root_token=root,
+    )
+
+
+# ----------------------------------------------------------------------------- evaluator
+class ReplayEvaluator:
+    """The trial evaluator of ``evaluator=replay``: batched greedy generation + drafter replay.
+
+    Same arguments and contract as :class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator`
+    (``per_prompt``, ``num_prompts``, ``prompt_ids=``), plus ``batch_size``.
+
+    Args:
+        batch_size: prompts per batched forward; ``None`` = :data:`DEFAULT_BATCH_SIZE` for the
+            target's device type.
+        cost: only ``"analytic"``; ``"measured"`` raises (no real decoding is timed).
+        temperature: only 0 (greedy); the replay of speculative sampling is not exact.
+        reuse_prefill: in ``verify`` scope, keep each batch's dense prefill (one KV cache per
+            batch of prompt indices) and start every trial from a copy.
+
+    Per prompt, ``tokens_per_s`` is the prompt's tokens over its share of the batch's wall
+    time: a throughput of the replay, not of speculative decoding.
+    """
+
+    def __init__(
+        self,
+        target: TargetModel,
+        tokenizer: Any,
+        drafter_factory: Callable[[], Drafter | None],
+        examples: Sequence[Example],
+        metric: Metric,
+        *,
+        extra_metrics: Sequence[Metric] = (),
+        max_new_tokens: int = 96,
+        scope: str = "verify",
+        temperature: float = 0.0,
+        cost: str = "analytic",
+        eos_token_ids: Sequence[int] = (),
+        system_prompt: str | None = None,
+        show_progress: bool = True,
+        reuse_prefill: bool = True,
+        batch_size: int | None = None,
+    ) -> None:
+        if cost != "analytic":
+            raise ReplayError(
+                f"cost={cost!r} cannot be used with evaluator=replay: the replay runs no speculative decoding to "
+                "time; use cost=analytic, or evaluator=engine for the measured cost"
+            )
+        if temperature != 0:
+            raise ReplayError(
+                f"temperature={temperature} cannot be used with evaluator=replay: only greedy decoding (temperature=0) "
+                "is replayed exactly; use evaluator=engine for speculative sampling"
+            )
+        if scope not in SCOPES:
+            raise ReplayError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
+        if batch_size is not None and int(batch_size) < 1:
+            raise ReplayError(f"evaluator.batch_size={batch_size}; expected a positive integer, or null for the default")
+        if not examples:
+            raise ReplayError("the evaluator got no prompts; check the domain's split sizes")
+        check_replayable(drafter_factory())  # fail at build time, not in the first trial
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter_factory = drafter_factory
+        self.examples = list(examples)
+        self.metric = metric
+        self.extra_metrics = list(extra_metrics)
+        self.max_new_tokens = max_new_tokens
+        self.scope = scope
+        self.temperature = 0.0
+        self.cost = cost
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.show_progress = show_progress
+        self.num_layers = target.num_layers
+        self.metric_name = metric.name
+        self.metric_higher_is_better = metric.higher_is_better
+        self.reuse_prefill = reuse_prefill
+        self.system_prompt = system_prompt
+        self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
+        self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
+        self._prefills: dict[tuple[tuple[int, ...], bool], _Prefill] = {}
+
+    def on_examples(self, examples: Sequence[Example]) -> ReplayEvaluator:
+        """The same model, drafter, metric and protocol on other prompts (validation split)."""
+        return ReplayEvaluator(
+            self.target, self.tokenizer, self.drafter_factory, examples, self.metric,
+            extra_metrics=self.extra_metrics, max_new_tokens=self.max_new_tokens, scope=self.scope,
+            cost=self.cost, eos_token_ids=self.eos_token_ids, system_prompt=self.system_prompt,
+            show_progress=self.show_progress, reuse_prefill=self.reuse_prefill, batch_size=self.batch_size,
+        )
+
+    @property
+    def num_prompts(self) -> int:
+        """Prompts in the evaluator's list (valid ``prompt_ids`` are ``0 .. num_prompts - 1``)."""
+        return len(self.examples)
+
+    def __call__(self, skip: frozenset[int], prompt_ids: Sequence[int] | None = None) -> dict[str, Any]:
+        """The evaluator contract: aggregates and ``per_prompt`` over ``prompt_ids`` (all if None)."""
+        return self.evaluate(skip, prompt_ids=prompt_ids).to_dict()
+
+    def evaluate(
+        self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None
+    ) -> EvalResult:
+        """Measure one skip set on every prompt, or on ``prompt_ids`` in that order.
+
+        Prompts are batched in the given order, ``batch_size`` at a time; a prompt's figures
+        do not depend on its batch (up to floating-point near-ties).
+        """
+        from tss_opt.evaluation.decoding.skip import validate_skip
+        from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+
+        skip = validate_skip(skip, self.num_layers)
+        order = SpecDecodeEvaluator._check_prompt_ids(self, prompt_ids)  # type: ignore[arg-type]
+        drafter = self.drafter_factory()
+        check_replayable(drafter)
+        keep_hidden = bool(drafter is not None and drafter.needs_prefill_feedback)
+        outputs: list[str] = []
+        tokens: list[list[int]] = []
+        stats: list[DecodeStats] = []
+        t0 = time.perf_counter()
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            tb = time.perf_counter()
+            gens = batched_greedy(
+                self.target, [self.prompt_tokens[i] for i in batch], max_new_tokens=self.max_new_tokens,
+                skip=skip, scope=self.scope, eos_token_ids=self.eos_token_ids, keep_hidden=keep_hidden,
+                prefill=self._prefill_for(batch, keep_hidden),
+            )
+            with self.target.skip(skip):  # as in the engine: self-drafting nests its skip set inside
+                for i, g in zip(batch, gens, strict=True):
+                    s = replay_stats(
+                        drafter, self.prompt_tokens[i], g.tokens, max_new_tokens=self.max_new_tokens,
+                        eos_token_ids=self.eos_token_ids, num_layers=self.num_layers, skipped_layers=len(skip),
+                        prefill_logits=g.prefill_logits, features=g.features,
+                    )
+                    stats.append(s)
+                    tokens.append(g.tokens)
+                    outputs.append(self.tokenizer.decode(g.tokens, skip_special_tokens=True))
+            share = (time.perf_counter() - tb) / len(batch)
+            for s in stats[-len(batch) :]:
+                s.total_s = share
+            if self.show_progress:
+                log.info("  skip=%s prompts %d-%d/%d replayed", sorted(skip), start + 1, start + len(batch), len(order))
+        return aggregate(
+            skip, [self.examples[i] for i in order], outputs, stats, self.metric, self.extra_metrics,
+            self.num_layers, wall_s=time.perf_counter() - t0, cost=self.cost, tokens=tokens, indices=order,
+        )
+
+    def _prefill_for(self, batch: list[int], keep_hidden: bool) -> Callable[[], _Prefill] | None:
+        """A copy of this batch's dense prefill (computed on first use), ``verify`` scope only."""
+        if not self.reuse_prefill or self.scope != "verify":
+            return None
+        key = (tuple(batch), keep_hidden)
+
+        def restore() -> _Prefill:
+            if key not in self._prefills:
+                with self.target.skip(()):
+                    self._prefills[key] = _prefill(self.target, [self.prompt_tokens[i] for i in batch], keep_hidden)
+            p = self._prefills[key]
+            return _Prefill(cache=copy.deepcopy(p.cache), logits=p.logits, hidden=p.hidden)
+
+        return restore
