@@ -360,3 +360,19 @@ class MergedDrafter(TapsDrafter):
                 s.record(max(own.depth), reached)
             if _learns(d):
                 d.update(member_feedback(feedback, merged, m, own))
+
+
+def format_member_stats(drafter: TapsDrafter, max_depth: int = 6) -> str:
+    """A few lines of per-member statistics for the command line."""
+    extra = f", {drafter.deduplicated} deduplicated nodes" if isinstance(drafter, MergedDrafter) else ""
+    lines = [
+        f"TAPS members: {drafter.steps} steps, {drafter.total_accepted} accepted draft tokens, "
+        f"{drafter.empty_steps} empty steps{extra}"
+    ]
+    for s in drafter.stats:
+        by_depth = ", ".join(f"{a:.2f}" for a in s.acceptance_by_depth[:max_depth])
+        lines.append(
+            f"  {s.name}: routed {s.routed}, proposed {s.proposed}, accepted {s.accepted}, "
+            f"acceptance by depth [{by_depth}]"
+        )
+    return "\n".join(lines)
