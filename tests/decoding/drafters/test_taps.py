@@ -134,6 +134,19 @@ def test_taps_is_lossless(
         assert stats["token_recycle"]["routed"] > 0 and stats["pld"]["routed"] > 0
 
 
+@pytest.mark.parametrize("kind", ["routed", "merged"])
+def test_taps_sampling_equals_plain_sampling(kind: str, tiny: LoadedModel) -> None:
+    """Temperature > 0 with a seed: the coupled rule makes the output that of plain sampling."""
+    target = TargetModel(tiny.model)
+    cls = RoutedDrafter if kind == "routed" else MergedDrafter
+    taps = cls(members(tiny.model))
+    for ids in prompts(tiny):
+        plain = SpeculativeEngine(target, None).generate(ids, max_new_tokens=24, temperature=0.7, seed=5)
+        got = SpeculativeEngine(target, taps).generate(ids, max_new_tokens=24, temperature=0.7, seed=5)
+        assert got.tokens.tolist() == plain.tokens.tolist()
+    assert taps.steps > 0
+
+
 # ----------------------------------------------------------------------------- merging
 def _two_trees() -> tuple[DraftTree, DraftTree]:
     # Member 0: 5 -> 6 -> 7 and 5 -> 8; member 1: 5 -> 6 -> 9, 3 -> 4 (shares 5 -> 6).

@@ -105,6 +105,7 @@ class TapsDrafter(Drafter):
             )
         self.members: list[tuple[str, Drafter]] = list(members)
         self.needs_prefill_feedback = any(d.needs_prefill_feedback for _, d in members)
+        self.gives_confidence = all(d.gives_confidence for _, d in members)
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -165,17 +166,16 @@ class RoutedDrafter(TapsDrafter):
                 "use members that do (pld, token_recycle, samd, eagle, draft_model, self) or drafter=merged"
             )
         super().__init__(members)
-        self._chosen: int | None = None
-        self._tree: DraftTree | None = None
+        self._chosen: int | None = None  # the member whose tree is being verified
 
     def propose(self, context: torch.Tensor) -> DraftTree:
         trees = self._propose_all(context)
         scores = [mean_confidence(n, t) for (n, _), t in zip(self.members, trees, strict=True)]
         best = max(range(len(trees)), key=lambda i: (scores[i], -i))  # ties: the first member
         if len(trees[best]) == 0:
-            self._chosen, self._tree = None, None
+            self._chosen = None
             return DraftTree.empty()
-        self._chosen, self._tree = best, trees[best]
+        self._chosen = best
         return trees[best]
 
     def update(self, feedback: VerifyFeedback) -> None:
@@ -190,7 +190,7 @@ class RoutedDrafter(TapsDrafter):
             s.proposed += len(feedback.tree)
             s.accepted += n_acc
             s.record(max(feedback.tree.depth, default=0), n_acc)
-        self._chosen, self._tree = None, None
+        self._chosen = None
         for _, d in self.members:
             d.update(feedback)
 
