@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from tss_opt.assembly import assemble
 from tss_opt.cli.common import hydra_entry
 from tss_opt.errors import UsageError
+from tss_opt.evaluation.decoding.drafters.taps import TapsDrafter, format_member_stats
 from tss_opt.evaluation.decoding.engine import GenerationResult, SpeculativeEngine
 from tss_opt.evaluation.domains import Example, format_prompt
 
@@ -38,7 +39,8 @@ def generate(cfg: DictConfig) -> GenerationResult:
         raise UsageError('no prompt given; add prompt="your text" (quote it for the shell)')
     rt = assemble(cfg)
     ids = format_prompt(rt.loaded.tokenizer, Example(id="cli", prompt=cfg.prompt, references=(), fields={}), None)
-    engine = SpeculativeEngine(rt.target, rt.new_drafter(), eos_token_ids=rt.eos_token_ids)
+    drafter = rt.new_drafter()
+    engine = SpeculativeEngine(rt.target, drafter, eos_token_ids=rt.eos_token_ids)
     res = engine.generate(
         ids, max_new_tokens=int(cfg.get("max_new_tokens") or 96), skip=list(cfg.skip), scope=cfg.scope,
         temperature=float(cfg.temperature),
@@ -47,6 +49,8 @@ def generate(cfg: DictConfig) -> GenerationResult:
     print()
     print(f"model={rt.loaded.config.name} drafter={rt.drafter_cfg.get('name')} skip={sorted(cfg.skip)} scope={cfg.scope}")
     print(format_stats(res))
+    if isinstance(drafter, TapsDrafter):  # drafter=routed / merged: per-member statistics
+        print(format_member_stats(drafter))
     return res
 
 

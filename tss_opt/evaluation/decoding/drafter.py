@@ -48,6 +48,9 @@ class Drafter(ABC):
 
     #: Set by drafters that need the target's hidden states of the prompt (EAGLE).
     needs_prefill_feedback: bool = False
+    #: Set by drafters whose trees carry ``DraftTree.confidence`` (per-node confidences);
+    #: confidence routing (``drafter=routed``) accepts only such members.
+    gives_confidence: bool = False
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new request.

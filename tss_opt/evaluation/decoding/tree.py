@@ -29,11 +29,16 @@ class DraftTree:
             distribution ``q`` from which node ``i``'s token was drawn, given its ancestors.
             Needed only for speculative sampling (temperature > 0); ``None`` means the
             drafter is deterministic (``q`` is one-hot at the drafted token).
+        confidence: optional ``torch.FloatTensor`` of shape ``(n,)``: the drafter's estimate,
+            in ``[0, 1]``, that node ``i`` is the target's next token given that its
+            ancestors were accepted (a local, not a path, probability). Read by confidence
+            routing (``drafter=routed``); ``None`` means the drafter gives none.
     """
 
     tokens: torch.Tensor
     parents: tuple[int, ...]
     probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
     _depth: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -53,14 +58,25 @@ class DraftTree:
             depth.append(1 if p == ROOT else depth[p] + 1)
         if self.probs is not None and tuple(self.probs.shape[:1]) != (n,):
             raise ValueError(f"DraftTree.probs must have shape (n={n}, vocab), got {tuple(self.probs.shape)}")
+        if self.confidence is not None and tuple(self.confidence.shape) != (n,):
+            raise ValueError(
+                f"DraftTree.confidence must have shape (n={n},), got {tuple(self.confidence.shape)}"
+            )
         object.__setattr__(self, "_depth", tuple(depth))
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
-    def chain(cls, tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None = None) -> DraftTree:
+    def chain(
+        cls,
+        tokens: torch.Tensor | Sequence[int],
+        probs: torch.Tensor | None = None,
+        confidence: torch.Tensor | None = None,
+    ) -> DraftTree:
         """A one-branch tree: ``tokens[i]`` is the child of ``tokens[i-1]``."""
         t = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens=t, parents=tuple(range(-1, int(t.numel()) - 1)), probs=probs)
+        return cls(
+            tokens=t, parents=tuple(range(-1, int(t.numel()) - 1)), probs=probs, confidence=confidence
+        )
 
     @classmethod
     def empty(cls) -> DraftTree:

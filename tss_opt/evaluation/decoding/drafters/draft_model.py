@@ -28,7 +28,11 @@ class DraftModelDrafter(Drafter):
         temperature: 0 drafts greedily (``probs`` left unset); > 0 samples and returns ``q``.
         skip: layers of ``model`` bypassed while drafting (self-drafting); empty otherwise.
         layers_path: where ``model`` keeps its decoder layers (for ``skip``).
+
+    A node's confidence is the draft model's softmax probability of its token.
     """
+
+    gives_confidence = True
 
     def __init__(
         self,
@@ -93,6 +97,7 @@ class DraftModelDrafter(Drafter):
         del self._seen[common:]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
+        conf: list[float] = []
         with self._ctx():
             logits = self._forward(ctx[common:])
             for k in range(self.num_tokens):
@@ -100,12 +105,18 @@ class DraftModelDrafter(Drafter):
                     q = torch.softmax(logits.float() / self.temperature, dim=-1)
                     tok = int(torch.multinomial(q.cpu(), 1, generator=self._gen))
                     probs.append(q)
+                    conf.append(float(q[tok]))
                 else:
                     tok = int(logits.argmax())
+                    conf.append(float(torch.softmax(logits.float(), dim=-1)[tok]))
                 tokens.append(tok)
                 if k + 1 < self.num_tokens:
                     logits = self._forward([tok])
-        return DraftTree.chain(tokens, probs=torch.stack(probs) if probs else None)
+        return DraftTree.chain(
+            tokens,
+            probs=torch.stack(probs) if probs else None,
+            confidence=torch.tensor(conf, dtype=torch.float32),
+        )
 
 
 class SelfDrafter(DraftModelDrafter):

@@ -324,6 +324,7 @@ class EagleDrafter(Drafter):
     """
 
     needs_prefill_feedback = True
+    gives_confidence = True  # the head's softmax probability of each node given its parent
 
     def __init__(
         self, head: EagleHead, total_tokens: int = 60, depth: int = 6, top_k: int = 8
@@ -482,8 +483,12 @@ class EagleDrafter(Drafter):
                 chosen.add(u)
         keep = sorted(chosen)  # creation order: parents before children
         index = {u: i for i, u in enumerate(keep)}
+        # Scores are cumulative log-probabilities: a node's own (local) probability is
+        # exp(score - parent's score).
+        local = [scores[u] - (0.0 if parents[u] == -1 else scores[parents[u]]) for u in keep]
         tree = DraftTree(
             tokens=torch.tensor([tokens[u] for u in keep], dtype=torch.long),
             parents=tuple(-1 if parents[u] == -1 else index[parents[u]] for u in keep),
+            confidence=torch.tensor(local, dtype=torch.float64).exp().float(),
         )
         return tree, torch.tensor([scores[u] for u in keep], dtype=torch.float64)

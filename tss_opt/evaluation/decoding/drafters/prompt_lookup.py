@@ -3,6 +3,11 @@
 Saxena 2023, as in transformers' ``PromptLookupCandidateGenerator``: the last ``n`` tokens
 (``n`` from ``max_ngram`` down to ``min_ngram``) are searched for in prompt and output; the
 tokens after the most recent earlier match are proposed as a chain.
+
+Confidence (for ``drafter=routed``) is a heuristic, as prompt lookup has no distribution:
+every node of a chain found by an ``n``-token match gets ``n / (n + 1)`` (Laplace's rule of
+succession: the matched tokens are ``n`` successes in a row), so 0.5 for a 1-gram and 0.75 for
+a 3-gram match.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ class PromptLookupDrafter(Drafter):
         max_ngram: longest suffix searched for.
         min_ngram: shortest suffix searched for.
     """
+
+    gives_confidence = True  # match-length heuristic (module docstring)
 
     def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:
@@ -44,5 +51,6 @@ class PromptLookupDrafter(Drafter):
             start = int(hits[-1]) + n  # most recent match: its continuation starts here
             cont = context[start : min(start + self.num_tokens, L)]
             if cont.numel() > 0:
-                return DraftTree.chain(cont.clone())
+                conf = torch.full((int(cont.numel()),), n / (n + 1), dtype=torch.float32)
+                return DraftTree.chain(cont.clone(), confidence=conf)
         return DraftTree.empty()

@@ -262,3 +262,43 @@ def build_eagle(
     else:
         head = _cached_weights(f"path:{path}", lambda: load_eagle_head(path, target.model), target.model)
     return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k)
+
+
+def _build_members(
+    kind: str, members: Any, target: TargetModel, loaded: LoadedModel
+) -> list[tuple[str, Drafter]]:
+    """Build TAPS members: each entry a drafter config (``name`` + settings, optional
+    ``label`` naming it in statistics; default its ``name``)."""
+    if not members or isinstance(members, (str, Mapping)):
+        raise DrafterConfigError(
+            f"drafter {kind!r} needs drafter.members: a list of drafter configs, e.g. "
+            "[{name: pld}, {name: token_recycle}]; got " + repr(members)
+        )
+    out: list[tuple[str, Drafter]] = []
+    for i, m in enumerate(members):
+        plain = _to_plain(m) if not isinstance(m, str) else {"name": m}
+        if not plain.get("name") and not plain.get("_target_"):
+            raise DrafterConfigError(
+                f"drafter {kind!r}: member {i} ({plain!r}) has no name; give e.g. {{name: pld}}"
+            )
+        if plain.get("name") in ("routed", "merged"):
+            raise DrafterConfigError(
+                f"drafter {kind!r}: member {i} is {plain['name']!r}; TAPS members must be single drafters"
+            )
+        label = str(plain.pop("label", None) or plain.get("name") or plain["_target_"])
+        out.append((label, build_drafter(plain, target, loaded)))
+    return out
+
+
+def build_routed(target: TargetModel, loaded: LoadedModel, members: Any = None) -> Drafter:
+    """TAPS confidence routing: per step, the member tree with the highest mean confidence."""
+    from tss_opt.evaluation.decoding.drafters.taps import RoutedDrafter
+
+    return RoutedDrafter(_build_members("routed", members, target, loaded))
+
+
+def build_merged(target: TargetModel, loaded: LoadedModel, members: Any = None) -> Drafter:
+    """TAPS merged tree: every member's tree under one root, verified in one pass."""
+    from tss_opt.evaluation.decoding.drafters.taps import MergedDrafter
+
+    return MergedDrafter(_build_members("merged", members, target, loaded))

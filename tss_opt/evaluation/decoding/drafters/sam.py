@@ -3,7 +3,8 @@
 Hu et al. 2024, "SAM Decoding: Speculative Decoding via Suffix Automaton" (arXiv 2411.10666).
 A suffix automaton over prompt + output, extended token by token, tracks the longest suffix of
 the text that also occurred *ending earlier*, and where. When that match is long enough, its
-continuation is proposed as a chain; otherwise an auxiliary drafter (Token Recycling: "SAMD
+continuation is proposed as a chain (confidence, for ``drafter=routed``: ``l / (l + 1)`` for a
+match of ``l`` tokens, as prompt lookup's heuristic); otherwise an auxiliary drafter (Token Recycling: "SAMD
 Token Recycle", the TSS paper's Llama-2-13B setting) proposes a tree. Unlike prompt lookup's
 fixed n-grams, the match length is unbounded and each step costs amortised O(1).
 """
@@ -154,6 +155,7 @@ class SamdDrafter(Drafter):
         self.num_tokens = num_tokens
         self.fallback: Drafter = fallback if fallback is not None else TokenRecycleDrafter()
         self.needs_prefill_feedback = self.fallback.needs_prefill_feedback
+        self.gives_confidence = self.fallback.gives_confidence
         self.sam = SuffixAutomaton()
         self.sam_steps = 0  # proposals taken from the automaton
         self.fallback_steps = 0  # proposals taken from the fallback
@@ -183,6 +185,8 @@ class SamdDrafter(Drafter):
             cont = self.sam.continuation(self.num_tokens)
             if cont:
                 self.sam_steps += 1
-                return DraftTree.chain(cont)
+                ln = self.sam.match_length
+                conf = torch.full((len(cont),), ln / (ln + 1), dtype=torch.float32)
+                return DraftTree.chain(cont, confidence=conf)
         self.fallback_steps += 1
         return self.fallback.propose(context)

@@ -5,6 +5,10 @@ at the root and at every tree node; their top-k next tokens are "recycled" into 
 table ``token -> k candidates``. The next draft expands a static template from the last
 committed token: a node takes the rank-``r`` candidate of its parent's token. The table is
 kept across requests by default, as in the paper (a warm table drafts better).
+
+The table also keeps the target's probability of every candidate as last seen; a node's
+confidence (``DraftTree.confidence``, for ``drafter=routed``) is that probability of its token
+after its parent's token.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ class AdjacencyTable:
 
     Attributes:
         candidates: ``torch.LongTensor`` of shape ``(vocab, k)``, rank 0 first.
+        probs: ``torch.FloatTensor`` of shape ``(vocab, k)``: the target's probability of
+            each candidate when it was stored (the drafted nodes' confidences).
         filled: ``torch.BoolTensor`` of shape ``(vocab,)``: rows that hold real candidates.
     """
 
     def __init__(self, vocab_size: int, k: int) -> None:
         self.k = k
         self.candidates = torch.zeros(vocab_size, k, dtype=torch.long)
+        self.probs = torch.zeros(vocab_size, k, dtype=torch.float32)
         self.filled = torch.zeros(vocab_size, dtype=torch.bool)
 
     @property
@@ -59,13 +66,18 @@ class AdjacencyTable:
                 f"logits have {logits.shape[-1]} columns but the adjacency table was built for a vocabulary "
                 f"of {self.vocab_size}; use one drafter per target vocabulary"
             )
-        top = logits.topk(self.k, dim=-1).indices.cpu()  # [m, k]
+        top_v, top_i = logits.topk(self.k, dim=-1)  # [m, k]
+        top = top_i.cpu()
+        # p = exp(logit - logsumexp): only the k kept columns are exponentiated.
+        lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+        top_p = (top_v.float() - lse).exp().cpu()
         uniq, inverse = torch.unique(tokens, return_inverse=True)
         rows = torch.arange(tokens.numel())
         first = torch.full((uniq.numel(),), tokens.numel(), dtype=torch.long).scatter_reduce(
             0, inverse, rows, reduce="amin"
         )
         self.candidates[uniq] = top[first]
+        self.probs[uniq] = top_p[first]
         self.filled[uniq] = True
 
 
@@ -81,6 +93,7 @@ class TokenRecycleDrafter(Drafter):
     """
 
     needs_prefill_feedback = True  # the prefill's logits give the last prompt token's row
+    gives_confidence = True  # the stored probability of each candidate
 
     def __init__(
         self,
@@ -159,6 +172,7 @@ class TokenRecycleDrafter(Drafter):
         ):
             return DraftTree.empty()
         tok = torch.zeros(n, dtype=torch.long)
+        conf = torch.zeros(n, dtype=torch.float32)
         valid = torch.zeros(n, dtype=torch.bool)
         for depth, (idx, par, rank) in enumerate(self._levels, start=1):
             if depth == 1:
@@ -167,6 +181,7 @@ class TokenRecycleDrafter(Drafter):
             else:
                 ptok, pvalid = tok[par], valid[par]
             tok[idx] = table.candidates[ptok, rank]
+            conf[idx] = table.probs[ptok, rank]
             valid[idx] = pvalid & table.filled[ptok]
         if not bool(valid.any()):
             return DraftTree.empty()
@@ -176,7 +191,9 @@ class TokenRecycleDrafter(Drafter):
         keep = valid.nonzero().reshape(-1)
         parents = torch.tensor(self.template.parents, dtype=torch.long)[keep]
         new_parents = torch.where(parents < 0, parents, new_index[parents.clamp_min(0)])
-        return DraftTree(tokens=tok[keep], parents=tuple(new_parents.tolist()))
+        return DraftTree(
+            tokens=tok[keep], parents=tuple(new_parents.tolist()), confidence=conf[keep]
+        )
 
     def propose(self, context: torch.Tensor) -> DraftTree:
         return self.expand(int(context[-1]))

@@ -1,0 +1,151 @@
+"""TAPS benchmark on the embedded model: single drafters against ``routed`` and ``merged``.
+
+    python benchmarks/taps.py                                   # summarization + rag, 8 x 48
+    python benchmarks/taps.py --domains summarization,translation --skip 6,21,25 --prompts 4
+
+For every domain (held-out prompts) and every method, dense and combined with the TSS skip set
+given by ``--skip`` (scope "verify": dense prefill, sparse verification): accepted length
+(committed tokens per verification, bonus included), the domain's metric of the outputs,
+tokens/s (generated tokens over the request's decoding time; the prompt's dense prefill is
+computed once per prompt and reused by every method, so it is not in the time), and whether
+every output equals plain decoding of the same target (TAPS is lossless: it must). Methods:
+plain decoding (no drafter), each member alone, ``routed`` and ``merged`` over the members.
+Each method keeps one drafter instance for all prompts of a domain (Token Recycling's table
+stays warm, as in serving). Per-member statistics of ``routed`` and ``merged`` follow each
+domain's table. Methods run in a rotated order per prompt so machine drift hits them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from tss_opt.assembly import assemble, compose_config  # noqa: E402
+from tss_opt.config import config_dir  # noqa: E402
+from tss_opt.evaluation.decoding.drafters import build_drafter  # noqa: E402
+from tss_opt.evaluation.decoding.engine import SpeculativeEngine  # noqa: E402
+from tss_opt.evaluation.decoding.prefill import dense_prefill  # noqa: E402
+from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
+
+
+@dataclass
+class Method:
+    label: str
+    drafter_cfg: dict[str, Any] | None  # None: plain decoding
+    skip: tuple[int, ...]
+    drafter: Any = None
+    tps: list[float] = field(default_factory=list)
+    steps: int = 0
+    step_tokens: int = 0
+    texts: list[str] = field(default_factory=list)
+    same: list[bool] = field(default_factory=list)
+
+
+def drafter_cfg(name: str, **over: Any) -> dict[str, Any]:
+    cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / f"{name}.yaml"), over)
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--domains", default="summarization,rag")
+    ap.add_argument("--split", default="heldout", choices=["calibration", "validation", "heldout"])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--members", default="pld,token_recycle,samd", help="shipped drafter configs")
+    ap.add_argument("--skip", default="6,21,25", help="the TSS skip set combined with every method")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    skip = tuple(int(s) for s in args.skip.split(",") if s.strip())
+    members = args.members.split(",")
+    print(
+        f"# TAPS benchmark: {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
+        f"{args.dtype}; {args.prompts} {args.split} prompts x {args.max_new_tokens} new tokens per domain; "
+        f"members {members}; TSS skip set {list(skip)} (scope verify)",
+        flush=True,
+    )
+    rt = assemble(compose_config([f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]))
+    target, tok = rt.target, rt.loaded.tokenizer
+    eos = rt.eos_token_ids
+    member_cfgs = [{"name": m} for m in members]
+    specs: list[tuple[str, dict[str, Any] | None]] = [("plain decoding", None)]
+    specs += [(m, drafter_cfg(m)) for m in members]
+    specs += [("routed", drafter_cfg("routed", members=member_cfgs))]
+    specs += [("merged", drafter_cfg("merged", members=member_cfgs))]
+
+    for dom_name in args.domains.split(","):
+        domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{dom_name}.yaml"))
+        examples = domain.split(args.split)[: args.prompts]
+        methods = [Method(label, cfg, s) for s in ((), skip) for label, cfg in specs]
+        for m in methods:
+            m.drafter = build_drafter(m.drafter_cfg, target, rt.loaded) if m.drafter_cfg else None
+        t_dom = time.perf_counter()
+        for i, ex in enumerate(examples):
+            ids = format_prompt(tok, ex, domain.config.system_prompt)
+            pre = dense_prefill(target, ids)
+            order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            outs: dict[int, list[int]] = {}
+            for m in order:
+                eng = SpeculativeEngine(target, m.drafter, eos_token_ids=eos)
+                res = eng.generate(ids, max_new_tokens=args.max_new_tokens, skip=m.skip, prefill=pre)
+                s = res.stats
+                m.tps.append(s.new_tokens / s.total_s)
+                m.steps += s.steps
+                m.step_tokens += s.step_tokens
+                m.texts.append(tok.decode(res.tokens, skip_special_tokens=True))
+                outs[id(m)] = res.tokens.tolist()
+            for m in methods:
+                ref = next(r for r in methods if r.drafter_cfg is None and r.skip == m.skip)
+                m.same.append(outs[id(m)] == outs[id(ref)])
+            print(f"  [{dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done", flush=True)
+        refs = [list(ex.references) for ex in examples]
+        metric = domain.metric
+        print(
+            f"\n### {dom_name} ({len(examples)} {args.split} prompts, {args.max_new_tokens} new tokens, "
+            f"metric {metric.name}; {time.perf_counter() - t_dom:.0f} s)"
+        )
+        print("| method | skip set | accepted length | " + metric.name + " | tok/s mean | tok/s median | identical to plain |")
+        print("|---|---|---|---|---|---|---|")
+        for m in methods:
+            al = m.step_tokens / m.steps if m.steps else 1.0
+            score = metric.score(m.texts, refs).value
+            print(
+                f"| {m.label} | {list(m.skip) if m.skip else 'dense'} | {al:.2f} | {score:.4f} | "
+                f"{statistics.mean(m.tps):.2f} | {statistics.median(m.tps):.2f} | {sum(m.same)}/{len(m.same)} |"
+            )
+        print()
+        for m in methods:
+            if not hasattr(m.drafter, "member_stats"):
+                continue
+            extra = f", deduplicated nodes {m.drafter.deduplicated}" if hasattr(m.drafter, "deduplicated") else ""
+            print(
+                f"{m.label} ({list(m.skip) if m.skip else 'dense'}): {m.drafter.steps} steps, "
+                f"{m.drafter.total_accepted} accepted draft tokens, {m.drafter.empty_steps} empty steps{extra}"
+            )
+            for name, st in m.drafter.member_stats().items():
+                by_depth = ", ".join(f"{a:.2f}" for a in st["acceptance_by_depth"][:6])
+                print(
+                    f"  {name:<14} routed {st['routed']:>4}  proposed {st['proposed']:>5}  "
+                    f"accepted {st['accepted']:>4}  acceptance by depth [{by_depth}]"
+                )
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
