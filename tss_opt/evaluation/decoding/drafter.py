@@ -48,6 +48,9 @@ class Drafter(ABC):
 
     #: Set by drafters that need the target's hidden states of the prompt (EAGLE).
     needs_prefill_feedback: bool = False
+    #: Set by drafters that can attach their distribution to every node (``DraftTree.probs``)
+    #: when their ``return_probs`` attribute is True: relaxed verification needs it.
+    gives_distribution: bool = False
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new request.

@@ -29,11 +29,17 @@ class DraftTree:
             distribution ``q`` from which node ``i``'s token was drawn, given its ancestors.
             Needed only for speculative sampling (temperature > 0); ``None`` means the
             drafter is deterministic (``q`` is one-hot at the drafted token).
+        sampled: whether node tokens were *drawn* from ``probs`` (speculative sampling
+            applies). ``False``: the tokens were chosen deterministically (the argmax of a
+            greedy draft model) and ``probs`` only describe the drafter's distribution, for
+            relaxed verification (``verification=diversed|cospec``); exact verification then
+            treats the draft as deterministic.
     """
 
     tokens: torch.Tensor
     parents: tuple[int, ...]
     probs: torch.Tensor | None = None
+    sampled: bool = True
     _depth: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -57,10 +63,12 @@ class DraftTree:
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
-    def chain(cls, tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None = None) -> DraftTree:
+    def chain(
+        cls, tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None = None, sampled: bool = True
+    ) -> DraftTree:
         """A one-branch tree: ``tokens[i]`` is the child of ``tokens[i-1]``."""
         t = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens=t, parents=tuple(range(-1, int(t.numel()) - 1)), probs=probs)
+        return cls(tokens=t, parents=tuple(range(-1, int(t.numel()) - 1)), probs=probs, sampled=sampled)
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -75,6 +83,11 @@ class DraftTree:
     def depth(self) -> tuple[int, ...]:
         """Depth of every node; children of the root have depth 1."""
         return self._depth
+
+    @property
+    def sampled_probs(self) -> torch.Tensor | None:
+        """``probs`` when the tokens were drawn from them (speculative sampling), else ``None``."""
+        return self.probs if self.sampled else None
 
     @property
     def is_chain(self) -> bool:
