@@ -50,7 +50,7 @@ __all__ = [
 IDENTITY_METADATA = ("model", "num_layers", "drafter", "domain", "split")
 # Protocol keys the commands store under metadata["protocol"]; any key present in both the
 # stored and the requested protocol must agree.
-PROTOCOL_KEYS = ("prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype")
+PROTOCOL_KEYS = ("prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype", "verification")
 
 
 class StudyMismatchError(ValueError):
