@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("tss_opt.evaluation.relaxed").setLevel(logging.INFO)
     lo, hi = (int(x) for x in args.draft_skip.split("-"))
     draft_skip = list(range(lo, hi + 1))
     lines = [
