@@ -21,6 +21,7 @@ from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.decoding import Drafter, TargetModel
+    from tss_opt.evaluation.decoding.verification import Verifier
     from tss_opt.evaluation.domains import Domain
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
     from tss_opt.evaluation.replay import ReplayEvaluator
@@ -32,6 +33,7 @@ __all__ = [
     "build_evaluator",
     "check_prompts",
     "build_replay_evaluator",
+    "build_verifier",
     "compose_config",
     "drafter_config",
     "max_new_tokens_for",
@@ -208,7 +210,10 @@ def build_evaluator(
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 
     rt, (examples, metric), kwargs = _evaluator_args(cfg, runtime, split, prompts)
-    return SpecDecodeEvaluator(rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric, **kwargs)
+    return SpecDecodeEvaluator(
+        rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric,
+        verification=build_verifier(cfg, rt.drafter_cfg), **kwargs,
+    )
 
 
 def build_replay_evaluator(
@@ -267,6 +272,43 @@ def validation_evaluator(cfg: DictConfig, evaluator: Any) -> Any | None:
     return factory(cfg=cfg, split="validation", **ev_cfg)
 
 
+def build_verifier(cfg: DictConfig, drafter_cfg: dict[str, Any] | None = None) -> Verifier:
+    """The acceptance rule of ``cfg.verification`` with its ``relaxed`` settings.
+
+    A relaxed mode (``diversed``, ``cospec``) with a shipped drafter that gives no
+    distribution is refused here, before a model is loaded, naming the drafters that do.
+
+    Raises:
+        RelaxedVerificationError: a weight outside [0, 1], a threshold outside [0, 1], a
+            drafter without distributions, a missing policy file.
+    """
+    from tss_opt.config import Verification
+    from tss_opt.evaluation.decoding.arbitration import LogisticPolicy, ThresholdPolicy
+    from tss_opt.evaluation.decoding.verification import (
+        DISTRIBUTION_DRAFTERS,
+        Verifier,
+        refuse_drafter,
+    )
+
+    mode = Verification.parse("verification", str(cfg.get("verification") or "exact"))
+    relaxed = cfg.get("relaxed") or {}
+    if mode is Verification.exact:
+        return Verifier(mode)
+    drafter = drafter_cfg if drafter_cfg is not None else drafter_config(cfg)
+    name = str(drafter.get("name"))
+    if name not in DISTRIBUTION_DRAFTERS and not drafter.get("_target_", "").endswith(("build_self", "build_draft_model")):
+        raise refuse_drafter(mode, name)
+    if mode is Verification.diversed:
+        return Verifier(mode, weight=float(relaxed.get("weight", 0.5)))
+    policy_path = relaxed.get("policy")
+    policy = (
+        LogisticPolicy.load(policy_path)
+        if policy_path
+        else ThresholdPolicy(float(relaxed.get("tau_draft", 0.6)), float(relaxed.get("tau_target", 0.15)))
+    )
+    return Verifier(mode, policy=policy)
+
+
 # ------------------------------------------------------------------------ study identity
 def search_settings(cfg: DictConfig) -> SearchSettings:
     """The :class:`SearchSettings` part of the ``search`` preset (protocol knobs left out)."""
@@ -291,12 +333,30 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
         "temperature": float(cfg.temperature),
         "dtype": mc.dtype,
     }
+    # A lossy rule measures other outputs: studies under different rules never mix. Exact
+    # verification (the default) adds no key, so earlier study names still match.
+    verification = _verification_label(cfg)
+    if verification != "exact":
+        proto["verification"] = verification
     # Trials of the replay evaluator measure no tokens/s: a study never mixes the two. The
     # default (engine) adds no key, so study names from before this key existed still match.
     target = str(OmegaConf.select(cfg, "evaluator._target_") or "")
     if target and not target.endswith(".build_evaluator"):
         proto["evaluator"] = target.rsplit(".", 1)[-1]
     return proto
+
+
+def _verification_label(cfg: DictConfig) -> str:
+    """``exact``, or the relaxed rule with its settings (``diversed(w=0.60)``, ...)."""
+    mode = str(cfg.get("verification") or "exact")
+    relaxed = cfg.get("relaxed") or {}
+    if mode == "diversed":
+        return f"diversed(w={float(relaxed.get('weight', 0.5)):.4g})"
+    if mode == "cospec":
+        if relaxed.get("policy"):
+            return f"cospec(policy={relaxed.get('policy')})"
+        return f"cospec(tau={float(relaxed.get('tau_draft', 0.6)):.4g},{float(relaxed.get('tau_target', 0.15)):.4g})"
+    return mode
 
 
 def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:

@@ -63,12 +63,14 @@ def evaluate(cfg: DictConfig) -> EvalResult:
     )
     for k, v in r.metric_extras.items():
         print(f"{k}: {v:.4f}")
+    if r.lossy:  # a relaxed rule: the metric is not the target's own (compare with exact)
+        print(f"verification: {r.verification} (LOSSY: compare the metric with verification=exact)")
     if cfg.get("json_out"):
         context = {
             "domain": domain.name, "model": rt.loaded.config.name, "drafter": rt.drafter_cfg.get("name"),
             "dtype": rt.loaded.config.dtype, "split": cfg.split, "prompts": len(ev.examples),
             "max_new_tokens": ev.max_new_tokens, "scope": ev.scope, "temperature": ev.temperature,
-            "metric_name": ev.metric_name,
+            "metric_name": ev.metric_name, "verification": r.verification, "lossy": r.lossy,
         }
         path = write_result_json(cfg.json_out, r, context)
         print(f"wrote {path}")

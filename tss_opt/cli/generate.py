@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from tss_opt.assembly import assemble
+from tss_opt.assembly import assemble, build_verifier
 from tss_opt.cli.common import hydra_entry
 from tss_opt.errors import UsageError
 from tss_opt.evaluation.decoding.drafters.taps import TapsDrafter, format_member_stats
@@ -29,6 +29,7 @@ def format_stats(res: GenerationResult) -> str:
         ("target layer-forwards (prefill / verify)", f"{s.prefill_layer_forwards} / {s.verify_layer_forwards}"),
         ("time prefill / draft / verify / total (s)", f"{s.prefill_s:.3f} / {s.draft_s:.3f} / {s.verify_s:.3f} / {s.total_s:.3f}"),
         ("tokens/s", f"{s.tokens_per_s:.2f}"),
+        ("verification", f"{s.verification}" + (f" (LOSSY: {s.relaxed_accepted} draft tokens kept by it)" if s.lossy else "")),
     ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
@@ -40,7 +41,9 @@ def generate(cfg: DictConfig) -> GenerationResult:
     rt = assemble(cfg)
     ids = format_prompt(rt.loaded.tokenizer, Example(id="cli", prompt=cfg.prompt, references=(), fields={}), None)
     drafter = rt.new_drafter()
-    engine = SpeculativeEngine(rt.target, drafter, eos_token_ids=rt.eos_token_ids)
+    engine = SpeculativeEngine(
+        rt.target, drafter, eos_token_ids=rt.eos_token_ids, verification=build_verifier(cfg, rt.drafter_cfg)
+    )
     res = engine.generate(
         ids, max_new_tokens=int(cfg.get("max_new_tokens") or 96), skip=list(cfg.skip), scope=cfg.scope,
         temperature=float(cfg.temperature),

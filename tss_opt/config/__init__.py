@@ -2,7 +2,7 @@
 location of ``conf/``. Importing it loads no model, metric or database library."""
 
 from tss_opt.config.domain import DomainConfig
-from tss_opt.config.enums import Cost, Scope, StrEnum
+from tss_opt.config.enums import Cost, Scope, StrEnum, Verification
 from tss_opt.config.model import ModelConfig, TinyConfig
 from tss_opt.config.paths import config_dir
 from tss_opt.config.schema import SearchPreset, TSSConfig, register_configs
@@ -20,6 +20,7 @@ __all__ = [
     "StrEnum",
     "TSSConfig",
     "TinyConfig",
+    "Verification",
     "config_dir",
     "register_configs",
 ]

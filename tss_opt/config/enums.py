@@ -7,7 +7,7 @@ from typing import Any
 
 from tss_opt.errors import TSSError
 
-__all__ = ["Cost", "Scope", "StrEnum"]
+__all__ = ["Cost", "Scope", "StrEnum", "Verification"]
 
 
 class StrEnum(str, Enum):
@@ -50,3 +50,18 @@ class Cost(StrEnum):
 
     analytic = "analytic"
     measured = "measured"
+
+
+class Verification(StrEnum):
+    """The acceptance rule of verification (issue 13).
+
+    ``exact`` (the default) keeps the target's output: greedy decoding's tokens at temperature
+    0, the target's distribution above. ``diversed`` (lossy) also accepts a draft token against
+    the blend ``w * p_target + (1 - w) * p_draft``; ``cospec`` (lossy) lets an arbitration
+    policy keep the draft's token at the first mismatch of a step. Both need a drafter that
+    gives a distribution (docs/engine.md, "Relaxed verification").
+    """
+
+    exact = "exact"
+    diversed = "diversed"
+    cospec = "cospec"

@@ -12,7 +12,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from tss_opt.config.domain import DomainConfig
-from tss_opt.config.enums import Cost, Scope
+from tss_opt.config.enums import Cost, Scope, Verification
 from tss_opt.config.model import ModelConfig
 from tss_opt.config.search import SearchSettings
 
@@ -43,6 +43,26 @@ class SearchPreset(SearchSettings):
 
 
 @dataclass
+class RelaxedSettings:
+    """Settings of the lossy verification modes (``verification=diversed|cospec``; issue 13).
+
+    Attributes:
+        weight: DIVERSED's target share ``w`` in [0, 1] of the blend
+            ``w * p_target + (1 - w) * p_draft`` (1 = exact); searched per domain by
+            ``python -m tss_opt.cli.relaxed`` (tss_opt.evaluation.relaxed.search_weight).
+        tau_draft, tau_target: CoSpec's threshold baseline: keep the draft token ``x`` at a
+            mismatch when ``p_draft(x) > tau_draft`` and ``p_target(x) > tau_target``.
+        policy: a learned CoSpec policy (JSON from ``train_cospec_policy``); ``None`` = the
+            threshold baseline.
+    """
+
+    weight: float = 0.5
+    tau_draft: float = 0.6
+    tau_target: float = 0.15
+    policy: str | None = None
+
+
+@dataclass
 class TSSConfig:
     """The whole configuration tree (``conf/config.yaml``)."""
 
@@ -57,6 +77,10 @@ class TSSConfig:
     split: str = "calibration"  # calibration (the search), validation or heldout
     scope: Scope = Scope.verify
     temperature: float = 0.0
+    # The acceptance rule: exact (lossless, the default); diversed or cospec are lossy by
+    # design (docs/engine.md, "Relaxed verification"); their settings live under relaxed.
+    verification: Verification = Verification.exact
+    relaxed: RelaxedSettings = field(default_factory=RelaxedSettings)
     cost: Cost = Cost.analytic
     reuse_prefill: bool = True  # scope=verify: prefill each prompt once per process, copy per trial
     device: str | None = None  # shortcut for model.device (e.g. cuda:1)

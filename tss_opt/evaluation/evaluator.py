@@ -23,6 +23,7 @@ from tss_opt.evaluation.decoding.engine import SpeculativeEngine
 from tss_opt.evaluation.decoding.prefill import DensePrefill, dense_prefill
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.evaluation.decoding.verification import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.metrics import Metric
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
@@ -88,6 +89,11 @@ class EvalResult:
     wall_s: float
     metric_extras: dict[str, float] = field(default_factory=dict)
     prompts: list[PromptRecord] = field(default_factory=list)
+    verification: str = "exact"  # the acceptance rule; anything else is lossy (issue 13)
+
+    @property
+    def lossy(self) -> bool:
+        return self.verification != "exact"
 
     def to_dict(self) -> dict[str, Any]:
         """The evaluator-contract mapping; extras become trial user attributes."""
@@ -104,6 +110,8 @@ class EvalResult:
             "metric_extras": dict(self.metric_extras),
             "per_prompt_score": [round(p.score, 4) for p in self.prompts],
             "per_prompt": [p.to_dict() for p in self.prompts],
+            "verification": self.verification,
+            "lossy": self.lossy,
         }
 
 
@@ -127,6 +135,9 @@ class SpecDecodeEvaluator:
         reuse_prefill: in ``"verify"`` scope, prefill each prompt with the dense target once
             and start every evaluation from a copy (decoding/prefill.py; same tokens, no
             prompt forward per trial). Costs memory: one KV cache per prompt is kept.
+        verification: the acceptance rule (``"exact"``, or a relaxed, lossy
+            :class:`~tss_opt.evaluation.decoding.verification.Verifier`); results carry its
+            label and ``lossy``.
     """
 
     def __init__(
@@ -146,6 +157,7 @@ class SpecDecodeEvaluator:
         system_prompt: str | None = None,
         show_progress: bool = True,
         reuse_prefill: bool = True,
+        verification: Verifier | str = "exact",
     ) -> None:
         if cost not in COSTS:
             raise ValueError(f"cost={cost!r} is not a cost; expected one of {', '.join(COSTS)}")
@@ -168,6 +180,7 @@ class SpecDecodeEvaluator:
         self.metric_higher_is_better = metric.higher_is_better
         self.reuse_prefill = reuse_prefill
         self.system_prompt = system_prompt
+        self.verifier = verification if isinstance(verification, Verifier) else Verifier(mode=verification)  # type: ignore[arg-type]
         # Tokenise once: every trial runs the same prompts.
         self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
         self._prefills: dict[int, DensePrefill] = {}  # prompt index -> its dense prefill
@@ -194,6 +207,7 @@ class SpecDecodeEvaluator:
             system_prompt=self.system_prompt,
             show_progress=self.show_progress,
             reuse_prefill=self.reuse_prefill,
+            verification=self.verifier,
         )
 
     @property
@@ -224,7 +238,7 @@ class SpecDecodeEvaluator:
         skip = frozenset(int(i) for i in skip)
         order = self._check_prompt_ids(prompt_ids)
         drafter = self._drafter_for(skip, order)
-        engine = SpeculativeEngine(self.target, drafter, eos_token_ids=self.eos_token_ids)
+        engine = SpeculativeEngine(self.target, drafter, eos_token_ids=self.eos_token_ids, verification=self.verifier)
         outputs: list[str] = []
         tokens: list[list[int]] = []
         stats = []
@@ -242,10 +256,12 @@ class SpecDecodeEvaluator:
                     "  skip=%s prompt %d/%d: A=%.2f %.1f tok/s", sorted(skip), n + 1, len(order),
                     res.stats.accept_length, res.stats.tokens_per_s,
                 )
-        return aggregate(
+        result = aggregate(
             skip, [self.examples[i] for i in order], outputs, stats, self.metric, self.extra_metrics,
             self.num_layers, wall_s=time.perf_counter() - t0, cost=self.cost, tokens=tokens, indices=order,
         )
+        result.verification = self.verifier.describe()
+        return result
 
     def _check_prompt_ids(self, prompt_ids: Iterable[int] | None) -> list[int]:
         if prompt_ids is None:

@@ -39,6 +39,7 @@ def entry_from_result(
     split: str | None = None,
     storage: str = "",
     validation: Mapping[str, Any] | None = None,
+    verification: str = "exact",
 ) -> MappingEntry:
     """Build the mapping entry of a finished :class:`~tss_opt.search.SearchResult`.
 
@@ -114,6 +115,7 @@ def entry_from_result(
         split=split,
         calibration=calibration,
         validation=val,
+        verification=verification,
     )
 
 
@@ -168,6 +170,7 @@ def export_mapping(
         split=metadata.get("split"),
         storage=storage_url(storage),
         validation=attrs.get("validation"),
+        verification=str((metadata.get("protocol") or {}).get("verification", "exact")),
     )
     write_entry(path, entry)
     return entry

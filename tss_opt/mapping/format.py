@@ -73,6 +73,9 @@ class MappingEntry:
         validation: The validation outcome: ``chosen``, ``reason``, ``dense_kept``,
             ``confidence``, ``num_prompts``, ``dense`` and S*'s validation figures with bounds
             (``figures``). ``None`` when the choice was not validated (older files too).
+        verification: The acceptance rule the study measured under: ``exact`` (lossless), or a
+            lossy relaxed rule such as ``diversed(w=0.6)`` / ``cospec(...)`` (issue 13), whose
+            ``metric`` is to be read beside ``baseline.metric``.
     """
 
     domain: str
@@ -92,6 +95,12 @@ class MappingEntry:
     split: str | None = None
     calibration: Mapping[str, Any] | None = None
     validation: Mapping[str, Any] | None = None
+    verification: str = "exact"
+
+    @property
+    def lossy(self) -> bool:
+        """True when the entry was searched under a relaxed (lossy) verification rule."""
+        return self.verification != "exact"
 
     @property
     def skip(self) -> frozenset[int]:
@@ -121,6 +130,10 @@ class MappingEntry:
             data["calibration"] = dict(self.calibration)
         if self.validation is not None:
             data["validation"] = dict(self.validation)
+        if self.lossy:  # exact entries stay as before; a lossy one says so
+            data["verification"] = self.verification
+            data["lossy"] = True
+            data["metric_change"] = self.metric - float(self.baseline.get("metric", self.metric))
         return data
 
 
@@ -296,6 +309,7 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
         split=_text(path, f"{where}.split", data.get("split"), optional=True),
         calibration=extra["calibration"],
         validation=extra["validation"],
+        verification=_text(path, f"{where}.verification", data.get("verification", "exact")) or "exact",
     )
 
 

@@ -36,6 +36,7 @@ from tss_opt.evaluation.decoding.engine import SCOPES, SpeculativeEngine
 from tss_opt.evaluation.decoding.skip import validate_skip
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.evaluation.decoding.verification import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
 from tss_opt.runtime.background import BACKGROUND_PROMPTS
@@ -112,6 +113,9 @@ class TSSController:
         system_prompts: Per domain, the system message its requests get (the domain config's
             ``system_prompt``, as the search formatted its prompts); text requests of other
             domains, and unlabeled ones routed nowhere, get none.
+        verification: The acceptance rule: ``"exact"`` (lossless, default) or a relaxed, lossy
+            :class:`~tss_opt.evaluation.decoding.verification.Verifier` (DIVERSED, CoSpec);
+            every result's ``stats.verification`` / ``stats.lossy`` says which.
 
     Raises:
         MappingError: The mapping file is missing or corrupt, or was searched on another
@@ -132,6 +136,7 @@ class TSSController:
         temperature: float = 0.0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         system_prompts: Mapping[str, str | None] | None = None,
+        verification: Verifier | str = "exact",
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
@@ -149,6 +154,9 @@ class TSSController:
         self.temperature = float(temperature)
         self.max_new_tokens = int(max_new_tokens)
         self.system_prompts = {d: p for d, p in (system_prompts or {}).items() if p}
+        self.verifier = verification if isinstance(verification, Verifier) else Verifier(mode=verification)  # type: ignore[arg-type]
+        if self.verifier.lossy:
+            log.warning("verification=%s is lossy: outputs may differ from the target's own", self.verifier.describe())
         if not mapping.entries:
             log.warning("the mapping %s has no domains: every request runs dense", mapping.path or "")
         # Validated once here rather than per request: a bad entry fails at start-up.
@@ -243,7 +251,9 @@ class TSSController:
             if isinstance(prompt, str) and system_prompt is None and own:
                 ids = self.prompt_ids(prompt, own)
             skip = self.skip_set_for(resolved)
-            engine = SpeculativeEngine(self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids)
+            engine = SpeculativeEngine(
+                self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids, verification=self.verifier
+            )
             res = engine.generate(
                 ids,
                 max_new_tokens=int(max_new_tokens or self.max_new_tokens),
@@ -280,7 +290,7 @@ class TSSController:
         Raises:
             MappingError: Missing, corrupt or other-model mapping.
         """
-        from tss_opt.assembly import assemble
+        from tss_opt.assembly import assemble, build_verifier
 
         mapping = load_mapping(cfg.mapping_path)  # fail before loading a model for nothing
         rt = runtime or assemble(cfg)
@@ -312,6 +322,7 @@ class TSSController:
             temperature=float(cfg.temperature),
             max_new_tokens=int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
             system_prompts=system_prompts,
+            verification=build_verifier(cfg, rt.drafter_cfg),
         )
 
 

@@ -51,7 +51,9 @@ __all__ = [
 IDENTITY_METADATA = ("model", "num_layers", "drafter", "domain", "split")
 # Protocol keys the commands store under metadata["protocol"]; any key present in both the
 # stored and the requested protocol must agree.
-PROTOCOL_KEYS = ("prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype", "evaluator")
+PROTOCOL_KEYS = (
+    "prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype", "evaluator", "verification",
+)
 
 
 class StudyMismatchError(TSSError):

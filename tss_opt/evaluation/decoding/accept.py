@@ -56,9 +56,14 @@ class PositionalSampler:
         # Inverse-CDF draw with a uniform hashed from (seed, position): independent across
         # positions and seeds, platform independent, and no torch.Generator (whose seeding
         # keeps only 32 bits, which made neighbouring streams collide).
+        return self.draw_probs(torch.softmax(logits.double() / self.temperature, dim=-1), position)
+
+    def draw_probs(self, probs: torch.Tensor, position: int) -> int:
+        """The token at output ``position`` drawn from ``probs`` (``(vocab,)``, float64), with
+        the same uniform as :meth:`draw` (relaxed verification draws from a blend with it)."""
         digest = hashlib.blake2b(f"{self.seed}:{position}".encode(), digest_size=8).digest()
         u = int.from_bytes(digest, "big") / 2**64
-        cdf = torch.softmax(logits.double() / self.temperature, dim=-1).cumsum(0)
+        cdf = probs.double().cumsum(0)
         idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
         return min(idx, cdf.numel() - 1)
 

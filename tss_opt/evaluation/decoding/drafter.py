@@ -51,6 +51,9 @@ class Drafter(ABC):
     #: Set by drafters whose trees carry ``DraftTree.confidence`` (per-node confidences);
     #: confidence routing (``drafter=routed``) accepts only such members.
     gives_confidence: bool = False
+    #: Set by drafters that can attach their distribution to every node (``DraftTree.probs``)
+    #: when their ``return_probs`` attribute is True: relaxed verification needs it.
+    gives_distribution: bool = False
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new request.

@@ -29,6 +29,7 @@ from tss_opt.evaluation.decoding.prefill import DensePrefill
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.evaluation.decoding.verification import Verifier
 
 SkipScope = Literal["verify", "all"]
 SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)
@@ -96,12 +97,25 @@ class SpeculativeEngine:
         target: the verifier.
         drafter: proposes candidates; ``None`` means plain (drafting-free) decoding.
         eos_token_ids: generation stops after any of these.
+        verification: the acceptance rule: ``"exact"`` (default, lossless), ``"diversed"`` or
+            ``"cospec"`` (lossy; verification.py), or a :class:`Verifier` with its weight or
+            policy. A relaxed mode needs a drafter that gives a distribution (else
+            :class:`~tss_opt.evaluation.decoding.verification.RelaxedVerificationError`).
     """
 
-    def __init__(self, target: TargetModel, drafter: Drafter | None = None, eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: Drafter | None = None,
+        eos_token_ids: Iterable[int] = (),
+        verification: Verifier | str = "exact",
+    ) -> None:
         self.target = target
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.eos = frozenset(int(t) for t in eos_token_ids)
+        self.verifier = verification if isinstance(verification, Verifier) else Verifier(mode=verification)  # type: ignore[arg-type]
+        if drafter is not None:  # plain decoding drafts nothing: any rule is exact there
+            self.verifier.prepare(self.drafter)
 
     @torch.inference_mode()
     def generate(
@@ -178,7 +192,13 @@ class SpeculativeEngine:
         target, drafter = self.target, self.drafter
         P = int(prompt.numel())
         t_start = time.perf_counter()
-        stats = DecodeStats(prompt_tokens=P, num_layers=target.num_layers, skipped_layers=len(skip_set))
+        stats = DecodeStats(
+            prompt_tokens=P,
+            num_layers=target.num_layers,
+            skipped_layers=len(skip_set),
+            verification=self.verifier.describe(),
+        )
+        self.verifier.begin_request()
         seq = torch.empty(P + max_new_tokens, dtype=torch.long)
         seq[:P] = prompt
         drafter.reset(prompt)
@@ -236,11 +256,18 @@ class SpeculativeEngine:
 
         Greedy: the argmax path. Temperature > 0: the coupled rule for deterministic drafts
         (the output equals plain sampling with the seed), speculative sampling for chains
-        drafted from a distribution.
+        drafted from a distribution. A relaxed :class:`Verifier` (DIVERSED, CoSpec) decides
+        instead and counts the tokens only it accepted in ``stats.relaxed_accepted``.
         """
-        if req.sampler is None:
+        if self.verifier.lossy and len(tree):
+            accepted, committed, relaxed = self.verifier.accept(
+                tree, logits, temperature=req.temperature, sampler=req.sampler, generator=req.generator,
+                position=req.n_out,
+            )
+            req.stats.relaxed_accepted += relaxed
+        elif req.sampler is None:
             accepted, committed = accept_greedy(tree, logits)
-        elif tree.probs is None:
+        elif tree.sampled_probs is None:
             accepted, committed = accept_coupled(tree, logits, req.sampler, req.n_out)
         else:
             accepted, committed = accept_sampling(tree, logits, req.temperature, req.generator)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass
@@ -28,6 +29,15 @@ class DecodeStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    # The acceptance rule (Verifier.describe()): "exact", or a lossy relaxed rule such as
+    # "diversed(w=0.60)" / "cospec(threshold)" whose output may differ from the target's.
+    verification: str = "exact"
+    relaxed_accepted: int = 0  # draft tokens accepted only by the relaxed rule (0 when exact)
+
+    @property
+    def lossy(self) -> bool:
+        """True when a relaxed (lossy) verification rule produced this request."""
+        return self.verification != "exact"
 
     @property
     def accept_length(self) -> float:
@@ -41,9 +51,10 @@ class DecodeStats:
     def draft_acceptance_rate(self) -> float:
         return self.draft_accepted / self.draft_proposed if self.draft_proposed else 0.0
 
-    def to_dict(self) -> dict[str, float]:
-        d: dict[str, float] = asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = asdict(self)
         d.update(
+            lossy=self.lossy,
             accept_length=self.accept_length,
             tokens_per_s=self.tokens_per_s,
             draft_acceptance_rate=self.draft_acceptance_rate,

@@ -33,12 +33,18 @@ class DraftTree:
             in ``[0, 1]``, that node ``i`` is the target's next token given that its
             ancestors were accepted (a local, not a path, probability). Read by confidence
             routing (``drafter=routed``); ``None`` means the drafter gives none.
+        sampled: whether node tokens were *drawn* from ``probs`` (speculative sampling
+            applies). ``False``: the tokens were chosen deterministically (the argmax of a
+            greedy draft model) and ``probs`` only describe the drafter's distribution, for
+            relaxed verification (``verification=diversed|cospec``); exact verification then
+            treats the draft as deterministic.
     """
 
     tokens: torch.Tensor
     parents: tuple[int, ...]
     probs: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
+    sampled: bool = True
     _depth: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -71,11 +77,16 @@ class DraftTree:
         tokens: torch.Tensor | Sequence[int],
         probs: torch.Tensor | None = None,
         confidence: torch.Tensor | None = None,
+        sampled: bool = True,
     ) -> DraftTree:
         """A one-branch tree: ``tokens[i]`` is the child of ``tokens[i-1]``."""
         t = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         return cls(
-            tokens=t, parents=tuple(range(-1, int(t.numel()) - 1)), probs=probs, confidence=confidence
+            tokens=t,
+            parents=tuple(range(-1, int(t.numel()) - 1)),
+            probs=probs,
+            confidence=confidence,
+            sampled=sampled,
         )
 
     @classmethod
@@ -91,6 +102,11 @@ class DraftTree:
     def depth(self) -> tuple[int, ...]:
         """Depth of every node; children of the root have depth 1."""
         return self._depth
+
+    @property
+    def sampled_probs(self) -> torch.Tensor | None:
+        """``probs`` when the tokens were drawn from them (speculative sampling), else ``None``."""
+        return self.probs if self.sampled else None
 
     @property
     def is_chain(self) -> bool:

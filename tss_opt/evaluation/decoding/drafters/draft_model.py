@@ -28,11 +28,18 @@ class DraftModelDrafter(Drafter):
         temperature: 0 drafts greedily (``probs`` left unset); > 0 samples and returns ``q``.
         skip: layers of ``model`` bypassed while drafting (self-drafting); empty otherwise.
         layers_path: where ``model`` keeps its decoder layers (for ``skip``).
+        return_probs: greedy drafting (``temperature`` 0) also returns the draft distribution
+            ``softmax(logits)`` per node (``DraftTree.probs`` with ``sampled=False``), which
+            relaxed verification (``verification=diversed|cospec``) blends with the target's;
+            exact verification ignores it. The engine turns it on for those modes.
 
     A node's confidence is the draft model's softmax probability of its token.
     """
 
+    #: Confidence routing (``drafter=routed``) may use this drafter: its trees carry confidences.
     gives_confidence = True
+    #: Relaxed verification (DIVERSED, CoSpec) may use this drafter: it gives ``probs``.
+    gives_distribution = True
 
     def __init__(
         self,
@@ -42,6 +49,7 @@ class DraftModelDrafter(Drafter):
         skip: Iterable[int] = (),
         layers_path: str = "model.layers",
         seed: int = 0,
+        return_probs: bool = False,
     ) -> None:
         if num_tokens < 1:
             raise ValueError(f"draft num_tokens={num_tokens}; expected >= 1")
@@ -56,6 +64,7 @@ class DraftModelDrafter(Drafter):
             validate_skip(self.skip, self._skipper.num_layers)
         self.device = next(model.parameters()).device
         self.seed = seed
+        self.return_probs = return_probs
         self._gen = torch.Generator().manual_seed(seed)
         self._cache: SkipAwareCache | None = None
         self._seen: list[int] = []  # tokens whose keys/values are in self._cache
@@ -109,6 +118,8 @@ class DraftModelDrafter(Drafter):
                 else:
                     tok = int(logits.argmax())
                     conf.append(float(torch.softmax(logits.float(), dim=-1)[tok]))
+                    if self.return_probs:  # the draft distribution, for relaxed verification
+                        probs.append(torch.softmax(logits.float(), dim=-1))
                 tokens.append(tok)
                 if k + 1 < self.num_tokens:
                     logits = self._forward([tok])
@@ -116,6 +127,7 @@ class DraftModelDrafter(Drafter):
             tokens,
             probs=torch.stack(probs) if probs else None,
             confidence=torch.tensor(conf, dtype=torch.float32),
+            sampled=self.temperature > 0,
         )
 
 

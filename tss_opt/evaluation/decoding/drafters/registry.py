@@ -143,6 +143,7 @@ def build_draft_model(
     num_tokens: int = 5,
     temperature: float = 0.0,
     seed: int = 0,
+    return_probs: bool = False,
 ) -> Drafter:
     """A separate small causal LM with the target's vocabulary; ``model`` is a model config."""
     from tss_opt.evaluation.decoding.drafters.draft_model import DraftModelDrafter
@@ -167,6 +168,7 @@ def build_draft_model(
         temperature=temperature,
         layers_path=draft.config.layers_path,
         seed=seed,
+        return_probs=return_probs,
     )
 
 
@@ -177,6 +179,7 @@ def build_self(
     num_tokens: int = 5,
     temperature: float = 0.0,
     seed: int = 0,
+    return_probs: bool = False,
 ) -> Drafter:
     """Self-drafting: the target under a larger skip set (its own KV cache)."""
     from tss_opt.evaluation.decoding.drafters.draft_model import SelfDrafter
@@ -188,6 +191,7 @@ def build_self(
         temperature=temperature,
         layers_path=loaded.config.layers_path,
         seed=seed,
+        return_probs=return_probs,
     )
 
 

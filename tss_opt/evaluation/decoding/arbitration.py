@@ -1,0 +1,166 @@
+"""CoSpec arbitration policies: at the first mismatch of a step, keep the draft's token or the
+target's (``verification=cospec``, lossy; issue 13).
+
+A policy sees :func:`mismatch_features` of both distributions at the mismatch and answers
+"keep the draft token". :class:`AlwaysTarget` is exact verification; :class:`ThresholdPolicy`
+is the fixed baseline; :class:`LogisticPolicy` is the learned one (trained with REINFORCE by
+:func:`tss_opt.evaluation.relaxed.train_cospec_policy`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+
+from tss_opt.errors import TSSError
+
+FEATURES: tuple[str, ...] = (
+    "bias",
+    "p_target(draft)",
+    "p_draft(draft)",
+    "p_target(target)",
+    "p_draft(target)",
+    "entropy_target",
+    "entropy_draft",
+)
+"""The features of a mismatch, in order (entropies divided by ``log(vocab)``, so all lie in [0, 1])."""
+
+
+def _entropy(p: torch.Tensor) -> float:
+    p = p.double().clamp_min(1e-30)
+    return float(-(p * p.log()).sum()) / math.log(p.numel())
+
+
+def mismatch_features(p: torch.Tensor, q: torch.Tensor, draft_token: int, target_token: int) -> torch.Tensor:
+    """The features :data:`FEATURES` of one mismatch.
+
+    Args:
+        p: ``(vocab,)`` the target's distribution at the mismatch.
+        q: ``(vocab,)`` the drafter's distribution for the draft token.
+        draft_token: the draft's token ``x``; ``target_token``: the target's ``y != x``.
+
+    Returns:
+        ``torch.DoubleTensor`` of shape ``(len(FEATURES),)``.
+    """
+    p, q = p.double(), q.double()
+    x, y = int(draft_token), int(target_token)
+    return torch.tensor(
+        [1.0, float(p[x]), float(q[x]), float(p[y]), float(q[y]), _entropy(p), _entropy(q)], dtype=torch.float64
+    )
+
+
+class ArbitrationPolicy(ABC):
+    """Decides, at a step's first mismatch, whether the draft's token is kept."""
+
+    name: str = "policy"
+
+    def begin_request(self) -> None:
+        """Called once per request (the engine's prefill); learning policies start an episode."""
+
+    @abstractmethod
+    def keep_draft(self, features: torch.Tensor) -> bool:
+        """True keeps the draft token (lossy), False the target's (exact).
+
+        Args:
+            features: ``(len(FEATURES),)`` from :func:`mismatch_features`.
+        """
+
+
+class AlwaysTarget(ArbitrationPolicy):
+    """Never keeps the draft: CoSpec with this policy is exact verification token for token."""
+
+    name = "always_target"
+
+    def keep_draft(self, features: torch.Tensor) -> bool:
+        return False
+
+
+class ThresholdPolicy(ArbitrationPolicy):
+    """The fixed baseline: keep the draft token ``x`` when ``p_draft(x) > tau_draft`` and
+    ``p_target(x) > tau_target`` (both confident enough that ``x`` is a fair continuation).
+
+    Args:
+        tau_draft, tau_target: thresholds in [0, 1].
+    """
+
+    name = "threshold"
+
+    def __init__(self, tau_draft: float = 0.6, tau_target: float = 0.15) -> None:
+        for label, v in (("tau_draft", tau_draft), ("tau_target", tau_target)):
+            if not 0.0 <= v <= 1.0:
+                raise TSSError(f"CoSpec {label}={v} is outside [0, 1]; give a probability threshold in [0, 1]")
+        self.tau_draft = float(tau_draft)
+        self.tau_target = float(tau_target)
+
+    def keep_draft(self, features: torch.Tensor) -> bool:
+        return bool(features[2] > self.tau_draft and features[1] > self.tau_target)
+
+
+class LogisticPolicy(ArbitrationPolicy):
+    """``P(keep draft) = sigmoid(theta . features)``; greedy (``> 0.5``) unless ``training``.
+
+    While training it samples its decisions from its own seeded generator and records each
+    request's ``(features, action, probability)`` in :attr:`episodes` (one list per request),
+    which REINFORCE turns into a gradient.
+
+    Args:
+        theta: ``(len(FEATURES),)`` weights; default: a bias of -2 (keeps rarely at start).
+    """
+
+    name = "learned"
+
+    def __init__(self, theta: torch.Tensor | None = None, seed: int = 0) -> None:
+        if theta is None:
+            theta = torch.zeros(len(FEATURES), dtype=torch.float64)
+            theta[0] = -2.0
+        self.theta = torch.as_tensor(theta, dtype=torch.float64).clone()
+        if self.theta.shape != (len(FEATURES),):
+            raise TSSError(
+                f"a CoSpec policy needs {len(FEATURES)} weights ({', '.join(FEATURES)}), got shape "
+                f"{tuple(self.theta.shape)}"
+            )
+        self.training = False
+        self.episodes: list[list[tuple[torch.Tensor, int, float]]] = []
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def prob(self, features: torch.Tensor) -> float:
+        return float(torch.sigmoid(self.theta @ features.double()))
+
+    def begin_request(self) -> None:
+        if self.training:
+            self.episodes.append([])
+
+    def keep_draft(self, features: torch.Tensor) -> bool:
+        pi = self.prob(features)
+        if not self.training:
+            return pi > 0.5
+        keep = bool(float(torch.rand((), generator=self._gen, dtype=torch.float64)) < pi)
+        if not self.episodes:
+            self.episodes.append([])
+        self.episodes[-1].append((features.double(), int(keep), pi))
+        return keep
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Write the weights as JSON (``{"features": [...], "theta": [...]}``)."""
+        Path(path).write_text(
+            json.dumps({"features": list(FEATURES), "theta": self.theta.tolist()}, indent=2), encoding="utf-8"
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> LogisticPolicy:
+        """Read weights written by :meth:`save`."""
+        p = Path(path)
+        if not p.is_file():
+            raise TSSError(f"CoSpec policy file {str(p)!r} does not exist; train one (docs/engine.md) or drop the path")
+        data = json.loads(p.read_text(encoding="utf-8"))
+        if list(data.get("features", [])) != list(FEATURES):
+            raise TSSError(
+                f"CoSpec policy {str(p)!r} was trained on features {data.get('features')}; this version uses "
+                f"{list(FEATURES)}: retrain it"
+            )
+        return cls(torch.tensor(data["theta"], dtype=torch.float64))

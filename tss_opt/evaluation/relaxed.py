@@ -1,0 +1,182 @@
+"""Per-domain settings of the lossy verification modes (issue 13), chosen on calibration prompts.
+
+- :func:`search_weight`: DIVERSED's weight ``w``, a second stage after the skip set: a small
+  1-D grid on the calibration prompts under the search's metric constraint, tested with the
+  paired rule of :mod:`tss_opt.search.feasibility` against the dense exact run; the feasible
+  ``w`` with the highest accepted length wins (``w = 1``, exact, when none beats it).
+- :func:`train_cospec_policy`: CoSpec's :class:`LogisticPolicy`, trained with REINFORCE on the
+  calibration prompts; reward per prompt = the domain's task metric of the finished output minus
+  ``step_cost * steps / tokens``; a batch-mean baseline.
+
+Both take a :class:`SpecDecodeEvaluator` (its prompts, metric, drafter and protocol) and swap
+its ``verifier`` while they run, restoring it afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tss_opt.config.enums import Verification
+from tss_opt.evaluation.decoding.arbitration import FEATURES, LogisticPolicy
+from tss_opt.evaluation.decoding.verification import Verifier, check_weight
+from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WEIGHTS: tuple[float, ...] = (1.0, 0.8, 0.6, 0.4, 0.2)
+
+
+@dataclass
+class WeightSearch:
+    """The outcome of :func:`search_weight`.
+
+    Attributes:
+        weight: the chosen ``w`` (1.0 = exact: no relaxed weight kept the metric).
+        reference: the dense exact run's figures on the calibration prompts.
+        rows: per tried ``w``: ``weight``, ``accept_length``, ``metric``, ``lower`` (paired
+            lower bound of the metric change), ``tolerance``, ``feasible``.
+    """
+
+    weight: float
+    reference: dict[str, float]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _with_verifier(evaluator: SpecDecodeEvaluator, verifier: Verifier, skip: frozenset[int]) -> EvalResult:
+    saved = evaluator.verifier
+    evaluator.verifier = verifier
+    try:
+        return evaluator.evaluate(skip)
+    finally:
+        evaluator.verifier = saved
+
+
+def search_weight(
+    evaluator: SpecDecodeEvaluator,
+    skip: frozenset[int] | Sequence[int] = frozenset(),
+    weights: Sequence[float] = DEFAULT_WEIGHTS,
+    *,
+    eps: float = 0.05,
+    confidence: float = 0.8,
+    relative: bool = True,
+    reference: EvalResult | None = None,
+) -> WeightSearch:
+    """Choose DIVERSED's ``w`` for one domain and skip set on the evaluator's prompts.
+
+    Args:
+        evaluator: runs the calibration prompts (at least 2).
+        skip: the domain's skip set (from the first stage, the TSS search).
+        weights: the grid, each in [0, 1].
+        eps: the metric tolerance (relative to the dense metric when ``relative``), as the
+            search's ``eps``.
+        confidence: one-sided confidence of the paired bound.
+        reference: the dense exact run (computed when not given).
+
+    Returns:
+        :class:`WeightSearch`; a ``w`` is feasible when the paired lower bound of its metric
+        change against the dense exact run is within the tolerance.
+    """
+    from tss_opt.search.feasibility import paired_bound
+
+    grid = [check_weight(w) for w in weights]
+    if evaluator.num_prompts < 2:
+        raise ValueError(f"search_weight needs at least 2 calibration prompts, got {evaluator.num_prompts}")
+    skip = frozenset(int(i) for i in skip)
+    ref = reference or _with_verifier(evaluator, Verifier(Verification.exact), frozenset())
+    ref_scores = [p.score for p in ref.prompts]
+    sign = 1.0 if evaluator.metric_higher_is_better else -1.0
+    tol = eps * abs(sum(ref_scores) / len(ref_scores)) if relative else eps
+    rows: list[dict[str, Any]] = []
+    best_w, best_a = 1.0, float("-inf")
+    for w in grid:
+        r = _with_verifier(evaluator, Verifier(Verification.diversed, weight=w), skip)
+        _, lower, _ = paired_bound([p.score for p in r.prompts], ref_scores, confidence, sign=sign)
+        feasible = lower >= -tol
+        rows.append(
+            {"weight": w, "accept_length": r.accept_length, "metric": r.metric, "lower": lower,
+             "tolerance": tol, "feasible": feasible}
+        )
+        log.info("DIVERSED w=%.2f: A=%.3f M=%.4f lower=%.4f tol=%.4f %s", w, r.accept_length, r.metric, lower,
+                 tol, "feasible" if feasible else "infeasible")
+        if feasible and r.accept_length > best_a:
+            best_w, best_a = w, r.accept_length
+    return WeightSearch(
+        weight=best_w, reference={"accept_length": ref.accept_length, "metric": ref.metric}, rows=rows
+    )
+
+
+@dataclass
+class PolicyTraining:
+    """The outcome of :func:`train_cospec_policy`.
+
+    Attributes:
+        policy: the trained policy (``training`` off: greedy decisions).
+        history: per epoch: mean ``reward``, ``metric``, ``accept_length``, ``keep_rate``.
+    """
+
+    policy: LogisticPolicy
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def train_cospec_policy(
+    evaluator: SpecDecodeEvaluator,
+    skip: frozenset[int] | Sequence[int] = frozenset(),
+    *,
+    epochs: int = 4,
+    lr: float = 2.0,
+    step_cost: float = 0.1,
+    seed: int = 0,
+    policy: LogisticPolicy | None = None,
+) -> PolicyTraining:
+    """REINFORCE for CoSpec's arbitration policy on the evaluator's (calibration) prompts.
+
+    One episode per prompt: the policy samples keep/reject at each step's first mismatch;
+    the reward is the prompt's task metric minus ``step_cost * steps / new_tokens`` (fewer
+    verification steps per token is cheaper). The gradient of the log-likelihood of a
+    Bernoulli-logistic decision is ``(a - pi) * features``; the advantage subtracts the
+    epoch's mean reward. Updates once per epoch (a pass over the prompts).
+
+    Args:
+        epochs: passes over the prompts; keep it small (each is one evaluation).
+        lr: step size on the weights of :data:`FEATURES`.
+        step_cost: weight of the steps-per-token cost in the reward.
+        policy: the starting policy (default: :class:`LogisticPolicy` keeping rarely).
+    """
+    skip = frozenset(int(i) for i in skip)
+    pol = policy or LogisticPolicy(seed=seed)
+    history: list[dict[str, float]] = []
+    for epoch in range(epochs):
+        pol.training = True
+        pol.episodes = []
+        r = _with_verifier(evaluator, Verifier(Verification.cospec, policy=pol), skip)
+        if len(pol.episodes) != len(r.prompts):
+            raise RuntimeError(f"{len(pol.episodes)} episodes for {len(r.prompts)} prompts: one per request expected")
+        sign = 1.0 if evaluator.metric_higher_is_better else -1.0
+        rewards = [sign * p.score - step_cost * p.steps / max(p.new_tokens, 1) for p in r.prompts]
+        baseline = sum(rewards) / len(rewards)
+        grad = torch.zeros(len(FEATURES), dtype=torch.float64)
+        decisions = kept = 0
+        for reward, episode in zip(rewards, pol.episodes, strict=True):
+            for feats, action, pi in episode:
+                grad += (reward - baseline) * (action - pi) * feats
+                decisions += 1
+                kept += action
+        pol.theta += lr * grad / len(rewards)
+        row = {
+            "epoch": float(epoch),
+            "reward": baseline,
+            "metric": r.metric,
+            "accept_length": r.accept_length,
+            "keep_rate": kept / decisions if decisions else 0.0,
+        }
+        history.append(row)
+        log.info("CoSpec REINFORCE epoch %d: reward %.4f metric %.4f A %.3f keep %.2f", epoch, row["reward"],
+                 r.metric, r.accept_length, row["keep_rate"])
+    pol.training = False
+    pol.episodes = []
+    return PolicyTraining(policy=pol, history=history)
