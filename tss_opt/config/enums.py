@@ -24,6 +24,10 @@ class StrEnum(str, Enum):
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
 
+    def __repr__(self) -> str:
+        # Messages name values as users type them: mode='beam', not <Mode.beam: 'beam'>.
+        return repr(str(self.value))
+
     @classmethod
     def parse(cls, name: str, value: Any) -> Any:
         """``value`` as a member of this Enum, or a :class:`TSSError` naming the options."""
