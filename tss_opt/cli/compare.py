@@ -68,14 +68,17 @@ class HeldoutCache:
 
 def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
     """The search's evaluator (``evaluator._target_``), sharing one loaded model."""
+    import inspect
+
     import hydra.utils
 
     ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
     assert isinstance(ev_cfg, dict)
     target = ev_cfg.pop("_target_")
-    if target == "tss_opt.cli.common.build_evaluator":
-        return build_evaluator(cfg, runtime=runtime, **ev_cfg)
-    return hydra.utils.get_method(target)(cfg=cfg, **ev_cfg)
+    factory = hydra.utils.get_method(target)
+    if "runtime" in inspect.signature(factory).parameters:  # the shipped factories: one model
+        return factory(cfg=cfg, runtime=runtime, **ev_cfg)
+    return factory(cfg=cfg, **ev_cfg)
 
 
 def compare(cfg: DictConfig) -> list[Any]:
