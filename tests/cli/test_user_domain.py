@@ -51,7 +51,7 @@ def user_conf(tmp_path: Path) -> Path:
         "metric: numeric_match\n"
         "reference_field: reference\n"
         "reference_pattern: '####\\s*(.+)'\n"
-        "max_new_tokens: 4\npool_size: 6\ncalibration_size: 2\nheldout_size: 4\n"
+        "max_new_tokens: 4\npool_size: 6\ncalibration_size: 2\nvalidation_size: 0\nheldout_size: 4\n"
     )
     return conf
 

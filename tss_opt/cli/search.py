@@ -81,7 +81,14 @@ def validate(cfg: DictConfig, result: SearchResult, evaluator: Any, storage: Any
         return
     ev = validation_evaluator(cfg, evaluator)
     if ev is None:
-        log.warning("validation skipped: the evaluator cannot run the validation split (no `split` argument)")
+        from tss_opt.assembly import require_domain
+
+        why = (
+            "the domain has no validation prompts (validation_size: 0)"
+            if not require_domain(cfg).split("validation")
+            else "the evaluator cannot run the validation split (its factory takes no `split`)"
+        )
+        log.warning("validation skipped: %s; the mapping takes S* unchecked", why)
         return
     t0 = time.perf_counter()
     log.info("validation: the %d cheapest feasible candidates and dense on %d validation prompts", k, ev.num_prompts if hasattr(ev, "num_prompts") else -1)
