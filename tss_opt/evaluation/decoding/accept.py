@@ -29,8 +29,8 @@ from tss_opt.evaluation.decoding.tree import DraftTree
 
 
 class PositionalSampler:
-    """Draws the target's token at output position ``t`` from ``softmax(logits / T)`` with a
-    generator seeded by ``(seed, t)`` alone.
+    """Draws the target's token at output position ``t`` from ``softmax(logits / T)`` with
+    randomness that depends on ``(seed, t)`` alone (a uniform hashed from both).
 
     The draw at a position is the same whether that position is reached by plain decoding or
     inside a verified draft, and whatever happened at other positions: speculative decoding
