@@ -115,6 +115,31 @@ class EvalResult:
         }
 
 
+def check_prompt_ids(prompt_ids: Iterable[int] | None, num_prompts: int) -> list[int]:
+    """The prompt indices an evaluation runs, in order (``None``: all), checked.
+
+    Shared by every evaluator that accepts ``prompt_ids=`` (engine and replay).
+
+    Raises:
+        ValueError: empty, outside ``[0, num_prompts)``, or repeated indices.
+    """
+    if prompt_ids is None:
+        return list(range(num_prompts))
+    order = [int(i) for i in prompt_ids]
+    if not order:
+        raise ValueError("prompt_ids is empty; pass at least one prompt index, or None for all prompts")
+    bad = [i for i in order if not 0 <= i < num_prompts]
+    if bad:
+        raise ValueError(
+            f"prompt_ids {bad} are outside 0..{num_prompts - 1}; the evaluator has "
+            f"{num_prompts} prompts (see num_prompts)"
+        )
+    if len(set(order)) != len(order):
+        dup = sorted({i for i in order if order.count(i) > 1})
+        raise ValueError(f"prompt_ids repeats {dup}; pass each prompt index once")
+    return order
+
+
 class SpecDecodeEvaluator:
     """Runs the engine over ``examples`` with a skip set and scores the outputs.
 
@@ -264,21 +289,7 @@ class SpecDecodeEvaluator:
         return result
 
     def _check_prompt_ids(self, prompt_ids: Iterable[int] | None) -> list[int]:
-        if prompt_ids is None:
-            return list(range(self.num_prompts))
-        order = [int(i) for i in prompt_ids]
-        if not order:
-            raise ValueError("prompt_ids is empty; pass at least one prompt index, or None for all prompts")
-        bad = [i for i in order if not 0 <= i < self.num_prompts]
-        if bad:
-            raise ValueError(
-                f"prompt_ids {bad} are outside 0..{self.num_prompts - 1}; the evaluator has "
-                f"{self.num_prompts} prompts (see num_prompts)"
-            )
-        if len(set(order)) != len(order):
-            dup = sorted({i for i in order if order.count(i) > 1})
-            raise ValueError(f"prompt_ids repeats {dup}; pass each prompt index once")
-        return order
+        return check_prompt_ids(prompt_ids, self.num_prompts)
 
     def _drafter_for(self, skip: frozenset[int], order: list[int]) -> Drafter | None:
         """A fresh drafter, or the previous call's when this call continues its run of 0..k-1."""

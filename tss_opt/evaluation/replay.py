@@ -458,10 +458,10 @@ class ReplayEvaluator:
         do not depend on its batch (up to floating-point near-ties).
         """
         from tss_opt.evaluation.decoding.skip import validate_skip
-        from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+        from tss_opt.evaluation.evaluator import check_prompt_ids
 
         skip = validate_skip(skip, self.num_layers)
-        order = SpecDecodeEvaluator._check_prompt_ids(self, prompt_ids)  # type: ignore[arg-type]
+        order = check_prompt_ids(prompt_ids, self.num_prompts)
         drafter = self.drafter_factory()
         check_replayable(drafter)
         keep_hidden = bool(drafter is not None and drafter.needs_prefill_feedback)

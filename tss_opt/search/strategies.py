@@ -36,14 +36,15 @@ from collections.abc import Mapping, Sequence
 from tss_opt.config.search import BFS_MODES, MODES, OPTUNA_MODES, SearchSettings
 from tss_opt.search.algorithm import (
     Config,
+    Feasibility,
     LevelPlan,
     Measurement,
     SearchPlan,
     Thresholds,
     canonical,
+    feasibility_for,
     plan_search,
     restrict,
-    thresholds_for,
 )
 from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
 
@@ -69,9 +70,12 @@ QUEUED_MODES = tuple(m for m in MODES if m not in OPTUNA_MODES)
 
 def feasibility_rule(
     baseline: Measurement, settings: SearchSettings, *, metric_higher_is_better: bool = True
-) -> Thresholds:
-    """The feasibility rule every strategy's final selection uses (that of Algorithm 1)."""
-    return thresholds_for(baseline, settings, metric_higher_is_better=metric_higher_is_better)
+) -> Feasibility:
+    """The feasibility rule every strategy's final selection uses: the search's own
+    (:func:`~tss_opt.search.algorithm.feasibility_for`: paired when ``feasibility: paired``
+    and the evaluator gives per-prompt values, else the point rule), so a rival strategy is
+    judged exactly as the breadth-first search and the worker judge its trials."""
+    return feasibility_for(baseline, settings, metric_higher_is_better=metric_higher_is_better)
 
 
 def first_level_size(settings: SearchSettings, num_layers: int) -> int:
