@@ -67,7 +67,22 @@ class HeldoutCache:
 
 
 def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
-    """The search's evaluator (``evaluator._target_``), sharing one loaded model."""
+    """The search's evaluator (``evaluator._target_``), sharing one loaded model.
+
+    A greedy evaluator is wrapped in :class:`~tss_opt.search.memo.MemoEvaluator`: the studies
+    of one ``compare`` / ``sweep`` run share their measurements (most start with the same
+    single-layer level), each study still counting every trial it records.
+    """
+    from tss_opt.search.memo import MemoEvaluator, memoizable
+
+    evaluator = _configured_evaluator(cfg, runtime)
+    if memoizable(evaluator):
+        return MemoEvaluator(evaluator)
+    log.info("evaluator is not greedy: every study measures its own trials")
+    return evaluator
+
+
+def _configured_evaluator(cfg: DictConfig, runtime: Any) -> Any:
     import inspect
 
     import hydra.utils
@@ -123,6 +138,9 @@ def compare(cfg: DictConfig) -> list[Any]:
                 heldout=heldout([]), curve=[], evaluations=0,
             )
             dense_cost = float(b["cost"]) if "cost" in b else None
+    if hasattr(evaluator, "hits"):
+        log.info("measurements shared between studies: %d of %d requests answered from memory",
+                 evaluator.hits, evaluator.hits + evaluator.misses)
     metric = evaluator.metric_name if hasattr(evaluator, "metric_name") else "metric"
     md = comparison_markdown(rows, metric_name=metric, domain=domain.name, dense=dense)
     budget = cfg.search.max_trials

@@ -9,6 +9,7 @@ requires a 5 % gain (our ``eps = -0.05``). Writes ``sweep_<domain>.md`` / ``.jso
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from omegaconf import DictConfig
@@ -17,6 +18,8 @@ from tss_opt.assembly import assemble, require_domain
 from tss_opt.cli.common import hydra_entry
 from tss_opt.cli.compare import HeldoutCache, calibration_evaluator, run_study, with_search
 from tss_opt.errors import UsageError
+
+log = logging.getLogger("tss_opt.cli")
 
 
 def label(t: float) -> str:
@@ -53,6 +56,9 @@ def sweep(cfg: DictConfig) -> list[Any]:
         row.heldout = heldout(row.skip_set)
         row.settings = {"tolerance": t, "eps_accept": eps, "eps_metric": eps, "tau_accept": eps, "tau_metric": eps}
         rows.append(row)
+    if hasattr(evaluator, "hits"):
+        log.info("measurements shared between studies: %d of %d requests answered from memory",
+                 evaluator.hits, evaluator.hits + evaluator.misses)
     metric = getattr(evaluator, "metric_name", "metric")
     md = sweep_markdown(rows, metric_name=metric, domain=domain.name)
     meta = {"domain": domain.name, "model": rt.loaded.model_id, "mode": cfg.search.mode, "metric": metric,
