@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +28,9 @@ from tss_opt.evaluation.decoding.verification import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.metrics import Metric
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +144,126 @@ def check_prompt_ids(prompt_ids: Iterable[int] | None, num_prompts: int) -> list
     return order
 
 
-class SpecDecodeEvaluator:
+class PromptSetEvaluator(ABC):
+    """What every trial evaluator over a fixed prompt list shares: its settings, the
+    tokenised prompts, ``num_prompts``, the contract's ``__call__``, :meth:`on_examples` and
+    the scoring of a run (:func:`aggregate`).
+
+    Subclasses check their own settings, then call ``super().__init__``; they implement
+    :meth:`evaluate` and add their own settings to :meth:`_options`.
+
+    Args:
+        target: the verifier (its skip mechanism applies the trial's skip set).
+        tokenizer: formats prompts (chat template when present) and decodes outputs.
+        drafter_factory: builds a fresh drafter per evaluation.
+        examples: the domain split to run (non-empty; the subclass checks it).
+        metric: the objective metric; ``extra_metrics`` are reported beside it.
+        max_new_tokens: generation length per prompt.
+        scope: skip scope, ``"verify"`` (paper) or ``"all"``.
+        temperature: 0 for greedy decoding.
+        cost: which cost is the objective (``"analytic"`` or ``"measured"``).
+        eos_token_ids: stop tokens.
+        system_prompt: optional system message for chat templates.
+        show_progress: log progress per prompt (or batch).
+        reuse_prefill: keep dense prefills and start every evaluation from them
+            (``verify`` scope).
+    """
+
+    def __init__(
+        self,
+        target: TargetModel,
+        tokenizer: Any,
+        drafter_factory: Callable[[], Drafter | None],
+        examples: Sequence[Example],
+        metric: Metric,
+        *,
+        extra_metrics: Sequence[Metric],
+        max_new_tokens: int,
+        scope: str,
+        temperature: float,
+        cost: str,
+        eos_token_ids: Sequence[int],
+        system_prompt: str | None,
+        show_progress: bool,
+        reuse_prefill: bool,
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter_factory = drafter_factory
+        self.examples = list(examples)
+        self.metric = metric
+        self.extra_metrics = list(extra_metrics)
+        self.max_new_tokens = max_new_tokens
+        self.scope = scope
+        self.temperature = temperature
+        self.cost = cost
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.show_progress = show_progress
+        self.num_layers = target.num_layers
+        self.metric_name = metric.name
+        self.metric_higher_is_better = metric.higher_is_better
+        self.reuse_prefill = reuse_prefill
+        self.system_prompt = system_prompt
+        # Tokenise once: every trial runs the same prompts.
+        self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
+
+    def _options(self) -> dict[str, Any]:
+        """The keyword arguments that rebuild this evaluator (on other prompts)."""
+        return {
+            "extra_metrics": self.extra_metrics,
+            "max_new_tokens": self.max_new_tokens,
+            "scope": self.scope,
+            "temperature": self.temperature,
+            "cost": self.cost,
+            "eos_token_ids": self.eos_token_ids,
+            "system_prompt": self.system_prompt,
+            "show_progress": self.show_progress,
+            "reuse_prefill": self.reuse_prefill,
+        }
+
+    def on_examples(self, examples: Sequence[Example]) -> Self:
+        """The same model, drafter, metric and protocol on other prompts (the validation split
+        checks the search's candidates this way, with the model loaded once)."""
+        return type(self)(
+            self.target, self.tokenizer, self.drafter_factory, examples, self.metric, **self._options()
+        )
+
+    @property
+    def num_prompts(self) -> int:
+        """Prompts in the evaluator's list (valid ``prompt_ids`` are ``0 .. num_prompts - 1``)."""
+        return len(self.examples)
+
+    def __call__(self, skip: frozenset[int], prompt_ids: Sequence[int] | None = None) -> dict[str, Any]:
+        """The evaluator contract: aggregates and ``per_prompt`` over ``prompt_ids`` (all if None)."""
+        return self.evaluate(skip, prompt_ids=prompt_ids).to_dict()
+
+    @abstractmethod
+    def evaluate(
+        self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None
+    ) -> EvalResult:
+        """Measure one skip set on every prompt, or on the prompts ``prompt_ids`` in that order."""
+
+    def _check_prompt_ids(self, prompt_ids: Iterable[int] | None) -> list[int]:
+        return check_prompt_ids(prompt_ids, self.num_prompts)
+
+    def _aggregate(
+        self,
+        skip: frozenset[int],
+        order: Sequence[int],
+        outputs: Sequence[str],
+        stats: Sequence[DecodeStats],
+        tokens: Sequence[Sequence[int]],
+        wall_s: float,
+    ) -> EvalResult:
+        """:func:`aggregate` over the prompts ``order`` (indices into the prompt list), whose
+        outputs, statistics and generated token ids are given in that order."""
+        return aggregate(
+            skip, [self.examples[i] for i in order], outputs, stats, self.metric, self.extra_metrics,
+            self.num_layers, wall_s=wall_s, cost=self.cost, tokens=tokens, indices=order,
+        )
+
+
+class SpecDecodeEvaluator(PromptSetEvaluator):
     """Runs the engine over ``examples`` with a skip set and scores the outputs.
 
     Args:
@@ -188,61 +311,21 @@ class SpecDecodeEvaluator:
             raise ValueError(f"cost={cost!r} is not a cost; expected one of {', '.join(COSTS)}")
         if not examples:
             raise ValueError("the evaluator got no prompts; check the domain's split sizes")
-        self.target = target
-        self.tokenizer = tokenizer
-        self.drafter_factory = drafter_factory
-        self.examples = list(examples)
-        self.metric = metric
-        self.extra_metrics = list(extra_metrics)
-        self.max_new_tokens = max_new_tokens
-        self.scope = scope
-        self.temperature = temperature
-        self.cost = cost
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.show_progress = show_progress
-        self.num_layers = target.num_layers
-        self.metric_name = metric.name
-        self.metric_higher_is_better = metric.higher_is_better
-        self.reuse_prefill = reuse_prefill
-        self.system_prompt = system_prompt
         self.verifier = verification if isinstance(verification, Verifier) else Verifier(mode=verification)  # type: ignore[arg-type]
-        # Tokenise once: every trial runs the same prompts.
-        self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
+        super().__init__(
+            target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
+            max_new_tokens=max_new_tokens, scope=scope, temperature=temperature, cost=cost,
+            eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
+            reuse_prefill=reuse_prefill,
+        )
         self._prefills: dict[int, DensePrefill] = {}  # prompt index -> its dense prefill
         # (skip, next index, drafter) of the last call whose prompts were 0, 1, ..., k - 1:
         # a call for the same skip set starting at k continues with that drafter, so chunked
         # evaluation equals one full call even for drafters that learn across prompts.
         self._chain: tuple[frozenset[int], int, Drafter | None] | None = None
 
-    def on_examples(self, examples: Sequence[Example]) -> SpecDecodeEvaluator:
-        """The same model, drafter, metric and protocol on other prompts (the validation split
-        checks the search's candidates this way, with the model loaded once)."""
-        return SpecDecodeEvaluator(
-            self.target,
-            self.tokenizer,
-            self.drafter_factory,
-            examples,
-            self.metric,
-            extra_metrics=self.extra_metrics,
-            max_new_tokens=self.max_new_tokens,
-            scope=self.scope,
-            temperature=self.temperature,
-            cost=self.cost,
-            eos_token_ids=self.eos_token_ids,
-            system_prompt=self.system_prompt,
-            show_progress=self.show_progress,
-            reuse_prefill=self.reuse_prefill,
-            verification=self.verifier,
-        )
-
-    @property
-    def num_prompts(self) -> int:
-        """Prompts in the evaluator's list (valid ``prompt_ids`` are ``0 .. num_prompts - 1``)."""
-        return len(self.examples)
-
-    def __call__(self, skip: frozenset[int], prompt_ids: Sequence[int] | None = None) -> dict[str, Any]:
-        """The evaluator contract: aggregates and ``per_prompt`` over ``prompt_ids`` (all if None)."""
-        return self.evaluate(skip, prompt_ids=prompt_ids).to_dict()
+    def _options(self) -> dict[str, Any]:
+        return {**super()._options(), "verification": self.verifier}
 
     def evaluate(
         self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None
@@ -281,15 +364,9 @@ class SpecDecodeEvaluator:
                     "  skip=%s prompt %d/%d: A=%.2f %.1f tok/s", sorted(skip), n + 1, len(order),
                     res.stats.accept_length, res.stats.tokens_per_s,
                 )
-        result = aggregate(
-            skip, [self.examples[i] for i in order], outputs, stats, self.metric, self.extra_metrics,
-            self.num_layers, wall_s=time.perf_counter() - t0, cost=self.cost, tokens=tokens, indices=order,
-        )
+        result = self._aggregate(skip, order, outputs, stats, tokens, wall_s=time.perf_counter() - t0)
         result.verification = self.verifier.describe()
         return result
-
-    def _check_prompt_ids(self, prompt_ids: Iterable[int] | None) -> list[int]:
-        return check_prompt_ids(prompt_ids, self.num_prompts)
 
     def _drafter_for(self, skip: frozenset[int], order: list[int]) -> Drafter | None:
         """A fresh drafter, or the previous call's when this call continues its run of 0..k-1."""

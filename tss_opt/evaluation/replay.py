@@ -36,8 +36,8 @@ from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.evaluation.decoding.engine import SCOPES, NoDrafter
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.domains import Example, format_prompt
-from tss_opt.evaluation.evaluator import EvalResult, aggregate
+from tss_opt.evaluation.domains import Example
+from tss_opt.evaluation.evaluator import EvalResult, PromptSetEvaluator
 from tss_opt.evaluation.metrics import Metric
 
 log = logging.getLogger(__name__)
@@ -356,7 +356,7 @@ def _feedback(
 
 
 # ----------------------------------------------------------------------------- evaluator
-class ReplayEvaluator:
+class ReplayEvaluator(PromptSetEvaluator):
     """The trial evaluator of ``evaluator=replay``: batched greedy generation + drafter replay.
 
     Same arguments and contract as :class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator`
@@ -410,44 +410,17 @@ class ReplayEvaluator:
         if not examples:
             raise ReplayError("the evaluator got no prompts; check the domain's split sizes")
         check_replayable(drafter_factory())  # fail at build time, not in the first trial
-        self.target = target
-        self.tokenizer = tokenizer
-        self.drafter_factory = drafter_factory
-        self.examples = list(examples)
-        self.metric = metric
-        self.extra_metrics = list(extra_metrics)
-        self.max_new_tokens = max_new_tokens
-        self.scope = scope
-        self.temperature = 0.0
-        self.cost = cost
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.show_progress = show_progress
-        self.num_layers = target.num_layers
-        self.metric_name = metric.name
-        self.metric_higher_is_better = metric.higher_is_better
-        self.reuse_prefill = reuse_prefill
-        self.system_prompt = system_prompt
+        super().__init__(
+            target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
+            max_new_tokens=max_new_tokens, scope=scope, temperature=0.0, cost=cost,
+            eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
+            reuse_prefill=reuse_prefill,
+        )
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
-        self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
         self._prefills: dict[tuple[tuple[int, ...], bool], _Prefill] = {}
 
-    def on_examples(self, examples: Sequence[Example]) -> ReplayEvaluator:
-        """The same model, drafter, metric and protocol on other prompts (validation split)."""
-        return ReplayEvaluator(
-            self.target, self.tokenizer, self.drafter_factory, examples, self.metric,
-            extra_metrics=self.extra_metrics, max_new_tokens=self.max_new_tokens, scope=self.scope,
-            cost=self.cost, eos_token_ids=self.eos_token_ids, system_prompt=self.system_prompt,
-            show_progress=self.show_progress, reuse_prefill=self.reuse_prefill, batch_size=self.batch_size,
-        )
-
-    @property
-    def num_prompts(self) -> int:
-        """Prompts in the evaluator's list (valid ``prompt_ids`` are ``0 .. num_prompts - 1``)."""
-        return len(self.examples)
-
-    def __call__(self, skip: frozenset[int], prompt_ids: Sequence[int] | None = None) -> dict[str, Any]:
-        """The evaluator contract: aggregates and ``per_prompt`` over ``prompt_ids`` (all if None)."""
-        return self.evaluate(skip, prompt_ids=prompt_ids).to_dict()
+    def _options(self) -> dict[str, Any]:
+        return {**super()._options(), "batch_size": self.batch_size}
 
     def evaluate(
         self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None
@@ -458,10 +431,9 @@ class ReplayEvaluator:
         do not depend on its batch (up to floating-point near-ties).
         """
         from tss_opt.evaluation.decoding.skip import validate_skip
-        from tss_opt.evaluation.evaluator import check_prompt_ids
 
         skip = validate_skip(skip, self.num_layers)
-        order = check_prompt_ids(prompt_ids, self.num_prompts)
+        order = self._check_prompt_ids(prompt_ids)
         drafter = self.drafter_factory()
         check_replayable(drafter)
         keep_hidden = bool(drafter is not None and drafter.needs_prefill_feedback)
@@ -492,10 +464,7 @@ class ReplayEvaluator:
                 s.total_s = share
             if self.show_progress:
                 log.info("  skip=%s prompts %d-%d/%d replayed", sorted(skip), start + 1, start + len(batch), len(order))
-        return aggregate(
-            skip, [self.examples[i] for i in order], outputs, stats, self.metric, self.extra_metrics,
-            self.num_layers, wall_s=time.perf_counter() - t0, cost=self.cost, tokens=tokens, indices=order,
-        )
+        return self._aggregate(skip, order, outputs, stats, tokens, wall_s=time.perf_counter() - t0)
 
     def _prefill_for(self, batch: list[int], keep_hidden: bool) -> Callable[[], _Prefill] | None:
         """A copy of this batch's dense prefill (computed on first use), ``verify`` scope only."""

@@ -4,6 +4,8 @@ Nothing here touches Optuna or a model. :func:`plan_search` replays the breadth-
 over whatever results exist so far and says what the next configurations are; the sampler
 calls it on the trials read back from the storage, so the whole search state is a function
 of the stored trials (any worker can compute it; none keeps a private queue).
+:class:`LevelReplay` holds what every planner (this one and the rival strategies') does per
+level: the ``max_trials`` prefix, the dense baseline and its rule, the frontier, the stops.
 
 Orders and tie rules (all deterministic):
 
@@ -39,6 +41,7 @@ __all__ = [
     "Feasibility",
     "OBJECTIVES",
     "LevelPlan",
+    "LevelReplay",
     "Measurement",
     "OneObjective",
     "SearchPlan",
@@ -319,6 +322,122 @@ def _next_level(
     return sorted(children, key=canonical)
 
 
+class LevelReplay:
+    """The bookkeeping every planner shares while it replays its levels over the results.
+
+    A planner (:func:`plan_search`, the rival strategies' planners) lists each level's skip
+    sets; :meth:`level` keeps the prefix the ``max_trials`` budget allows, reads the dense
+    baseline and the feasibility rule at level 0, records the level's :class:`LevelPlan` and
+    says whether the replay stops there. The other methods give the :class:`SearchPlan` of
+    the state reached and the stop rules of the budget and ``max_depth``.
+
+    Args:
+        settings: The search settings (``max_trials``, ``max_depth``, the feasibility rule).
+        results: Final results known so far (as :func:`plan_search`).
+        metric_higher_is_better: The metric's direction.
+
+    Attributes:
+        budget: Evaluations ``max_trials`` still allows after the recorded levels (``None``:
+            no cap).
+        levels: The levels recorded so far.
+        baseline: The dense measurement, once level 0 has it.
+        thresholds: The feasibility rule, once the baseline is known.
+        pool: The candidate pool, for the planner that sets one.
+    """
+
+    def __init__(
+        self,
+        settings: SearchSettings,
+        results: Mapping[Config, Measurement | None],
+        *,
+        metric_higher_is_better: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.results = results
+        self.metric_higher_is_better = metric_higher_is_better
+        self.budget = settings.max_trials
+        self.levels: list[LevelPlan] = []
+        self.baseline: Measurement | None = None
+        self.thresholds: Feasibility | None = None
+        self.pool: tuple[int, ...] | None = None
+
+    def level(self, k: int, configs: Sequence[Config], objective: str = "both") -> SearchPlan | None:
+        """Record level ``k``, planned as ``configs`` (canonical order).
+
+        Keeps the prefix of ``configs`` the budget allows; at level 0 (the dense baseline)
+        sets :attr:`baseline` and :attr:`thresholds`. The level's ``feasible`` are its
+        evaluated sets that satisfy the rule on ``objective`` (:func:`restrict`).
+
+        Returns:
+            The final plan when the replay stops at this level: the baseline could not be
+            evaluated, or skip sets of the level still lack a result (the frontier).
+            ``None`` when the level is complete; :attr:`levels` ``[-1]`` holds it.
+        """
+        results = self.results
+        total = len(configs)
+        configs = list(configs)
+        if self.budget is not None:
+            configs = configs[: self.budget]
+            self.budget -= len(configs)
+        finished = [c for c in configs if c in results]
+        unfinished = [c for c in configs if c not in results]
+        if k == 0 and finished:
+            baseline = results[frozenset()]
+            if baseline is None:
+                self.levels.append(LevelPlan(0, tuple(configs), total, 1, ()))
+                return self.stop("the dense baseline could not be evaluated")
+            self.baseline = baseline
+            self.thresholds = feasibility_for(
+                baseline, self.settings, metric_higher_is_better=self.metric_higher_is_better
+            )
+        thr = self.thresholds
+        drive = restrict(thr, objective) if thr is not None else None
+        feasible = [
+            c
+            for c in finished
+            if drive is not None and results[c] is not None and drive.satisfied(results[c])
+        ]
+        self.levels.append(LevelPlan(k, tuple(configs), total, len(finished), tuple(feasible)))
+        if unfinished:
+            return self.stop("", unfinished)
+        return None
+
+    def cut_short(self, step: str = "level") -> SearchPlan | None:
+        """The final plan when the budget ran out inside the last level, else ``None``.
+
+        A level cut short by the budget says nothing about its unevaluated sets, so the
+        replay stops before judging it. ``step`` names a level in the stop reason.
+        """
+        lv = self.levels[-1]
+        if self.budget == 0 and len(lv.configs) < lv.total:
+            return self.stop(
+                f"max_trials={self.settings.max_trials} reached "
+                f"({step} {lv.level}: {len(lv.configs)} of {lv.total} evaluated)"
+            )
+        return None
+
+    def limit(self, k: int) -> SearchPlan | None:
+        """The final plan when the budget is spent or level ``k`` is ``max_depth``, else ``None``."""
+        if self.budget == 0:
+            return self.stop(f"max_trials={self.settings.max_trials} reached")
+        if k >= self.settings.max_depth:
+            return self.stop(f"max_depth={self.settings.max_depth} reached")
+        return None
+
+    def stop(self, reason: str, frontier: Sequence[Config] = ()) -> SearchPlan:
+        """The plan of the state reached: finished when ``reason`` is given and no
+        ``frontier`` (skip sets still to evaluate) is left."""
+        return SearchPlan(
+            levels=tuple(self.levels),
+            baseline=self.baseline,
+            thresholds=self.thresholds,
+            pool=self.pool,
+            frontier=tuple(frontier),
+            finished=not frontier and bool(reason),
+            stop_reason=reason,
+        )
+
+
 def plan_search(
     settings: SearchSettings,
     num_layers: int,
@@ -345,81 +464,42 @@ def plan_search(
         The plan: levels so far, baseline, pool, frontier, and whether the search is done.
     """
     allowed = settings.allowed_layers(num_layers)
-    budget = settings.max_trials
-    levels: list[LevelPlan] = []
-    baseline: Measurement | None = None
-    thr: Feasibility | None = None
-    pool: tuple[int, ...] | None = None
-    prev_feasible: list[Config] = []
-
-    def done(reason: str, frontier: Sequence[Config] = ()) -> SearchPlan:
-        return SearchPlan(
-            levels=tuple(levels),
-            baseline=baseline,
-            thresholds=thr,
-            pool=pool,
-            frontier=tuple(frontier),
-            finished=not frontier and bool(reason),
-            stop_reason=reason,
-        )
-
+    replay = LevelReplay(settings, results, metric_higher_is_better=metric_higher_is_better)
+    prev_feasible: Sequence[Config] = []
     for k in itertools.count():
         if k == 0:
             configs = [frozenset()]
         elif k == 1:
             configs = [frozenset({i}) for i in allowed]
         else:
+            pool = replay.pool
             assert pool is not None
             configs = _next_level(
                 k, settings, pool, prev_feasible, results, objective, metric_higher_is_better
             )
             if not configs:
-                return done(
+                return replay.stop(
                     f"level {k} has no configuration to evaluate (candidate pool: {list(pool)})"
                 )
-        total = len(configs)
-        if budget is not None:
-            configs = configs[:budget]
-            budget -= len(configs)
-        finished = [c for c in configs if c in results]
-        unfinished = [c for c in configs if c not in results]
-        if k == 0 and finished:
-            baseline = results[frozenset()]
-            if baseline is None:
-                levels.append(LevelPlan(0, tuple(configs), total, 1, ()))
-                return done("the dense baseline could not be evaluated")
-            thr = feasibility_for(
-                baseline, settings, metric_higher_is_better=metric_higher_is_better
-            )
-        drive = restrict(thr, objective) if thr is not None else None
-        feasible = [
-            c
-            for c in finished
-            if drive is not None and results[c] is not None and drive.satisfied(results[c])
-        ]
-        levels.append(LevelPlan(k, tuple(configs), total, len(finished), tuple(feasible)))
-        if unfinished:
-            return done("", unfinished)
+        if (stop := replay.level(k, configs, objective)) is not None:
+            return stop
+        level = replay.levels[-1]
+        baseline = replay.baseline
         assert baseline is not None
         if k == 1:
             pool_thr = feasibility_for(
                 baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=True
             )
-            pool = candidate_pool(
-                {next(iter(c)): results[c] for c in configs}, restrict(pool_thr, objective)
+            replay.pool = candidate_pool(
+                {next(iter(c)): results[c] for c in level.configs}, restrict(pool_thr, objective)
             )
-        if budget == 0 and len(configs) < total:
-            # A level cut short by the budget says nothing about its unevaluated sets.
-            return done(
-                f"max_trials={settings.max_trials} reached (level {k}: {len(configs)} of {total} evaluated)"
-            )
-        if k >= 1 and not feasible:
-            return done(f"level {k} has no feasible configuration")
-        if budget == 0:
-            return done(f"max_trials={settings.max_trials} reached")
-        if k >= settings.max_depth:
-            return done(f"max_depth={settings.max_depth} reached")
-        prev_feasible = feasible
+        if (stop := replay.cut_short("level")) is not None:
+            return stop
+        if k >= 1 and not level.feasible:
+            return replay.stop(f"level {k} has no feasible configuration")
+        if (stop := replay.limit(k)) is not None:
+            return stop
+        prev_feasible = level.feasible
     raise AssertionError("unreachable")
 
 

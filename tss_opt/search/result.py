@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from tss_opt.config.search import BFS_MODES, SearchSettings
-from tss_opt.search.algorithm import canonical, pareto_front, select
+from tss_opt.search.algorithm import Config, Measurement, canonical, pareto_front, select
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
 
@@ -47,6 +48,42 @@ class TrialRecord:
     infeasible_reason: str = ""
     early_stopped: bool = False
     bounds: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def given_up(cls, config: Config) -> TrialRecord:
+        """The record of a skip set given up after its workers crashed (no measurement)."""
+        return cls(config, len(config), -1, None, None, None, False, {}, True)
+
+    @classmethod
+    def measured(
+        cls,
+        config: Config,
+        m: Measurement,
+        trial: FrozenTrial,
+        *,
+        feasible: bool,
+        infeasible_reason: str = "",
+        early_stopped: bool = False,
+        bounds: Mapping[str, Any] | None = None,
+    ) -> TrialRecord:
+        """The record of a measured skip set: ``m``'s objectives, and as ``values`` the
+        objectives with the evaluator's extras from ``trial`` (its COMPLETE trial; the
+        search's own bookkeeping attributes left out)."""
+        values = {"accept_length": m.accept_length, "metric": m.metric, "cost": m.cost}
+        values.update({k: v for k, v in trial.user_attrs.items() if k not in _BOOKKEEPING_ATTRS})
+        return cls(
+            skip_set=config,
+            level=len(config),
+            number=trial.number,
+            accept_length=m.accept_length,
+            metric=m.metric,
+            cost=m.cost,
+            feasible=feasible,
+            values=values,
+            infeasible_reason=infeasible_reason,
+            early_stopped=early_stopped,
+            bounds=bounds if bounds is not None else {},
+        )
 
 
 @dataclass(frozen=True)
@@ -156,22 +193,16 @@ def build_result(
             continue
         m = results[config]
         if m is None:
-            records.append(TrialRecord(config, len(config), -1, None, None, None, False, {}, True))
+            records.append(TrialRecord.given_up(config))
             continue
         trial = state.complete[config]
-        values = {"accept_length": m.accept_length, "metric": m.metric, "cost": m.cost}
-        values.update({k: v for k, v in trial.user_attrs.items() if k not in _BOOKKEEPING_ATTRS})
         verdict = plan.thresholds.verdict(m) if plan.thresholds is not None else None
         records.append(
-            TrialRecord(
-                skip_set=config,
-                level=len(config),
-                number=trial.number,
-                accept_length=m.accept_length,
-                metric=m.metric,
-                cost=m.cost,
+            TrialRecord.measured(
+                config,
+                m,
+                trial,
                 feasible=config in feasible,
-                values=values,
                 infeasible_reason=""
                 if config in feasible or verdict is None
                 else (verdict.reason or "its level was not searched under this rule"),

@@ -37,10 +37,9 @@ from tss_opt.config.search import BFS_MODES, MODES, OPTUNA_MODES, SearchSettings
 from tss_opt.search.algorithm import (
     Config,
     Feasibility,
-    LevelPlan,
+    LevelReplay,
     Measurement,
     SearchPlan,
-    Thresholds,
     canonical,
     feasibility_for,
     plan_search,
@@ -120,25 +119,6 @@ def check_budget(settings: SearchSettings, num_layers: int) -> None:
         )
 
 
-def _done(
-    levels: list[LevelPlan],
-    baseline: Measurement | None,
-    thr: Thresholds | None,
-    reason: str,
-    frontier: Sequence[Config] = (),
-    pool: tuple[int, ...] | None = None,
-) -> SearchPlan:
-    return SearchPlan(
-        levels=tuple(levels),
-        baseline=baseline,
-        thresholds=thr,
-        pool=pool,
-        frontier=tuple(frontier),
-        finished=not frontier and bool(reason),
-        stop_reason=reason,
-    )
-
-
 def _greedy_key(mode: str, settings: SearchSettings, hib: bool):
     sign = 1.0 if hib else -1.0
     by_accept = mode == "sleb" and settings.sleb_score == "accept_length"
@@ -161,11 +141,8 @@ def plan_greedy(
     """Replay the greedy ``sleb`` / ``gm_skip`` search over ``results`` (see module doc)."""
     mode = settings.mode
     allowed = settings.allowed_layers(num_layers)
-    budget = settings.max_trials
     key = _greedy_key(mode, settings, metric_higher_is_better)
-    levels: list[LevelPlan] = []
-    baseline: Measurement | None = None
-    thr: Thresholds | None = None
+    replay = LevelReplay(settings, results, metric_higher_is_better=metric_higher_is_better)
     current: Config = frozenset()
     for k in itertools.count():
         if k == 0:
@@ -173,49 +150,26 @@ def plan_greedy(
         else:
             remaining = [i for i in allowed if i not in current]
             if not remaining:
-                return _done(levels, baseline, thr, f"every allowed layer skipped at step {k - 1}")
+                return replay.stop(f"every allowed layer skipped at step {k - 1}")
             configs = sorted((current | {i} for i in remaining), key=canonical)
-        total = len(configs)
-        if budget is not None:
-            configs = configs[:budget]
-            budget -= len(configs)
-        finished = [c for c in configs if c in results]
-        unfinished = [c for c in configs if c not in results]
-        if k == 0 and finished:
-            baseline = results[frozenset()]
-            if baseline is None:
-                levels.append(LevelPlan(0, tuple(configs), total, 1, ()))
-                return _done(levels, None, None, "the dense baseline could not be evaluated")
-            thr = feasibility_rule(
-                baseline, settings, metric_higher_is_better=metric_higher_is_better
-            )
-        feasible = [
-            c for c in finished if thr is not None and results[c] is not None and thr.satisfied(results[c])
-        ]
-        levels.append(LevelPlan(k, tuple(configs), total, len(finished), tuple(feasible)))
-        if unfinished:
-            return _done(levels, baseline, thr, "", unfinished)
+        if (stop := replay.level(k, configs)) is not None:
+            return stop
+        thr = replay.thresholds
         assert thr is not None
-        if budget == 0 and len(configs) < total:
-            return _done(
-                levels, baseline, thr,
-                f"max_trials={settings.max_trials} reached (step {k}: {len(configs)} of {total} evaluated)",
-            )
+        if (stop := replay.cut_short("step")) is not None:
+            return stop
         if k >= 1:
-            measured = [c for c in configs if results[c] is not None]
+            measured = [c for c in replay.levels[-1].configs if results[c] is not None]
             if not measured:
-                return _done(levels, baseline, thr, f"step {k}: every candidate failed")
+                return replay.stop(f"step {k}: every candidate failed")
             best = min(measured, key=lambda c: key(c, results[c]))  # type: ignore[arg-type]
             if mode == "gm_skip" and not restrict(thr, "metric").satisfied(results[best]):  # type: ignore[arg-type]
-                return _done(
-                    levels, baseline, thr,
-                    f"step {k}: no candidate keeps the metric within eps_metric (best {list(canonical(best))})",
+                return replay.stop(
+                    f"step {k}: no candidate keeps the metric within eps_metric (best {list(canonical(best))})"
                 )
             current = best
-        if budget == 0:
-            return _done(levels, baseline, thr, f"max_trials={settings.max_trials} reached")
-        if k >= settings.max_depth:
-            return _done(levels, baseline, thr, f"max_depth={settings.max_depth} reached")
+        if (stop := replay.limit(k)) is not None:
+            return stop
     raise AssertionError("unreachable")
 
 
@@ -263,26 +217,16 @@ def plan_random(
     """The ``random`` strategy: the baseline, then ``max_trials - 1`` drawn skip sets."""
     assert settings.max_trials is not None, "check_budget refuses random without max_trials"
     allowed = settings.allowed_layers(num_layers)
-    levels: list[LevelPlan] = []
-    baseline = results.get(frozenset())
-    if frozenset() not in results:
-        levels.append(LevelPlan(0, (frozenset(),), 1, 0, ()))
-        return _done(levels, None, None, "", [frozenset()])
-    if baseline is None:
-        levels.append(LevelPlan(0, (frozenset(),), 1, 1, ()))
-        return _done(levels, None, None, "the dense baseline could not be evaluated")
-    thr = feasibility_rule(baseline, settings, metric_higher_is_better=metric_higher_is_better)
-    levels.append(LevelPlan(0, (frozenset(),), 1, 1, (frozenset(),) if thr.satisfied(baseline) else ()))
+    replay = LevelReplay(settings, results, metric_higher_is_better=metric_higher_is_better)
+    if (stop := replay.level(0, [frozenset()])) is not None:
+        return stop
+    # All drawn at once: the budget left after the baseline is max_trials - 1, so no prefix is cut.
     configs = random_sequence(allowed, settings.max_depth, settings.max_trials - 1, settings.seed)
-    finished = [c for c in configs if c in results]
-    feasible = tuple(c for c in finished if results[c] is not None and thr.satisfied(results[c]))  # type: ignore[arg-type]
-    levels.append(LevelPlan(1, tuple(configs), len(configs), len(finished), feasible))
-    unfinished = [c for c in configs if c not in results]
-    if unfinished:
-        return _done(levels, baseline, thr, "", unfinished)
+    if (stop := replay.level(1, configs)) is not None:
+        return stop
     if len(configs) < settings.max_trials - 1:
-        return _done(levels, baseline, thr, f"every skip set of size <= {settings.max_depth} drawn")
-    return _done(levels, baseline, thr, f"max_trials={settings.max_trials} reached")
+        return replay.stop(f"every skip set of size <= {settings.max_depth} drawn")
+    return replay.stop(f"max_trials={settings.max_trials} reached")
 
 
 def plan_strategy(

@@ -23,7 +23,7 @@ from tss_opt.search.algorithm import (
     select_min_cost,
     select_triple_win,
 )
-from tss_opt.search.result import _BOOKKEEPING_ATTRS, LevelSummary, SearchResult, TrialRecord
+from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord
 from tss_opt.search.strategies import feasibility_rule
 
 __all__ = ["build_strategy_result", "load_strategy_result"]
@@ -63,23 +63,9 @@ def build_strategy_result(
     for config in order:
         m = results[config]
         if m is None:
-            records.append(TrialRecord(config, len(config), -1, None, None, None, False, {}, True))
+            records.append(TrialRecord.given_up(config))
             continue
-        trial = complete[config]
-        values = {"accept_length": m.accept_length, "metric": m.metric, "cost": m.cost}
-        values.update({k: v for k, v in trial.user_attrs.items() if k not in _BOOKKEEPING_ATTRS})
-        records.append(
-            TrialRecord(
-                skip_set=config,
-                level=len(config),
-                number=trial.number,
-                accept_length=m.accept_length,
-                metric=m.metric,
-                cost=m.cost,
-                feasible=config in feasible_set,
-                values=values,
-            )
-        )
+        records.append(TrialRecord.measured(config, m, complete[config], feasible=config in feasible_set))
     baseline = next((r.values for r in records if not r.skip_set), {})
     if baseline_m is None:
         best: Config = frozenset()
