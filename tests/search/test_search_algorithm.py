@@ -5,13 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tss_opt.search import Measurement, SearchSettings, plan_search
-from tss_opt.search.algorithm import (
-    candidate_pool,
-    pareto_front,
-    select_min_cost,
-    select_triple_win,
-    thresholds_for,
-)
+from tss_opt.search.algorithm import candidate_pool, thresholds_for
+from tss_opt.search.selection import pareto_front, select_min_cost, select_triple_win
 
 F = frozenset
 

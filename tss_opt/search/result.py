@@ -10,9 +10,10 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tss_opt.config.search import BFS_MODES, SearchSettings
-from tss_opt.search.algorithm import Config, Measurement, canonical, pareto_front, select
+from tss_opt.search.algorithm import Config, Measurement, canonical
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
+from tss_opt.search.selection import pareto_front, select
 
 __all__ = ["LevelSummary", "SearchResult", "TrialRecord", "build_result", "load_result"]
 

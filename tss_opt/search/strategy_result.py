@@ -15,15 +15,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tss_opt.config.search import OPTUNA_MODES, SearchSettings
-from tss_opt.search.algorithm import (
-    Config,
-    Measurement,
-    canonical,
-    pareto_front,
-    select_min_cost,
-    select_triple_win,
-)
+from tss_opt.search.algorithm import Config, Measurement, canonical
 from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord
+from tss_opt.search.selection import pareto_front, select_min_cost, select_triple_win
 from tss_opt.search.strategies import feasibility_rule
 
 __all__ = ["build_strategy_result", "load_strategy_result"]
