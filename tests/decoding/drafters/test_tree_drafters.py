@@ -265,7 +265,7 @@ def test_every_conf_file_is_registered() -> None:
     assert (
         files
         == available_drafters()
-        == ["draft_model", "eagle", "merged", "pld", "routed", "samd", "self", "token_recycle"]
+        == ["draft_model", "eagle", "merged", "pld", "routed", "samd", "self", "t2d", "token_recycle"]
     )
     for name in files:
         cfg = OmegaConf.load(REPO / "conf" / "drafter" / f"{name}.yaml")
@@ -303,7 +303,7 @@ def test_build_every_drafter_from_conf(
 def test_registry_errors(tiny: LoadedModel, tiny_target: TargetModel) -> None:
     with pytest.raises(
         DrafterConfigError,
-        match=r"unknown drafter 'medusa'.*draft_model, eagle, merged, pld, routed, samd, self, token_recycle",
+        match=r"unknown drafter 'medusa'.*draft_model, eagle, merged, pld, routed, samd, self, t2d, token_recycle",
     ):
         build_drafter({"name": "medusa"}, tiny_target, tiny)
     with pytest.raises(

@@ -36,7 +36,7 @@ from tss_opt.evaluation.decoding.arbitration import (
 from tss_opt.evaluation.decoding.drafter import Drafter
 from tss_opt.evaluation.decoding.tree import DraftTree
 
-DISTRIBUTION_DRAFTERS: tuple[str, ...] = ("draft_model", "self")
+DISTRIBUTION_DRAFTERS: tuple[str, ...] = ("draft_model", "self", "t2d")
 """Shipped drafters that give a per-node distribution (``DraftTree.probs``): the ones relaxed
 verification accepts. PLD, SAMD and Token Recycling propose tokens without one."""
 

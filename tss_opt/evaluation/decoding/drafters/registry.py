@@ -172,6 +172,47 @@ def build_draft_model(
     )
 
 
+def build_t2d(
+    target: TargetModel,
+    loaded: LoadedModel,
+    path: str | None = None,
+    num_tokens: int = 5,
+    temperature: float = 0.0,
+    seed: int = 0,
+    return_probs: bool = False,
+    train: Mapping[str, Any] | None = None,
+) -> Drafter:
+    """T2D: the pruned, distilled copy of the target that ``train_drafter drafter=t2d`` saved
+    in ``path``, drafting as ``draft_model`` does. ``train`` holds the training settings
+    (``tss_opt.training.t2d.T2DSettings``) and is not used for decoding."""
+    from pathlib import Path
+
+    if not path or path == MISSING:
+        raise DrafterConfigError(
+            "drafter 't2d' needs drafter.path: the folder written by `python -m tss_opt.cli.train_drafter "
+            "+domain=NAME drafter=t2d` (e.g. storage/drafters/NAME/t2d)"
+        )
+    if not (Path(path).expanduser() / "config.json").is_file():
+        raise DrafterConfigError(
+            f"drafter.path={path!r} holds no T2D drafter (no config.json there); train one with "
+            "`python -m tss_opt.cli.train_drafter +domain=NAME drafter=t2d` or fix the path"
+        )
+    model = {
+        "name": "t2d",
+        "source": "hf",
+        "path": str(Path(path).expanduser()),
+        "num_layers": 0,  # whatever the search kept
+        "dtype": loaded.config.dtype,
+        "device": loaded.config.device,
+        "attn_implementation": loaded.config.attn_implementation,
+        "layers_path": loaded.config.layers_path,
+    }
+    return build_draft_model(
+        target, loaded, model=model, num_tokens=num_tokens, temperature=temperature, seed=seed,
+        return_probs=return_probs,
+    )
+
+
 def build_self(
     target: TargetModel,
     loaded: LoadedModel,

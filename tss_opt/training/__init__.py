@@ -1,0 +1,1 @@
+"""Training drafters from a target model (``python -m tss_opt.cli.train_drafter``)."""
