@@ -31,7 +31,7 @@ from tss_opt.evaluation.decoding.verification import (
     check_weight,
     settings_label,
 )
-from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
 from tss_opt.evaluation.relaxed import (
     Judged,
     check_against_dense,
@@ -61,9 +61,13 @@ class Candidate:
     mode: str
     settings: dict[str, Any]
     judged: Judged
+    learned: bool = False
 
     @property
     def label(self) -> str:
+        """The rule's label; a learned rule not yet saved is ``diversed(w=learned)`` / ``cospec(learned)``."""
+        if self.learned and not (self.settings.get("weight_policy") or self.settings.get("policy")):
+            return self.judged.label
         return settings_label(self.mode, self.settings)
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,6 +190,7 @@ def tune_relaxed(
     confidence: float = 0.8,
     relative: bool = True,
     learn: bool = True,
+    reference: EvalResult | None = None,
 ) -> RelaxedChoice:
     """Choose ``mode``'s setting for one domain and skip set on the evaluator's (calibration) prompts.
 
@@ -200,6 +205,8 @@ def tune_relaxed(
             (:func:`train_diversed_weight`, :func:`train_cospec_policy`).
         eps, confidence, relative: the paired metric rule (the search's).
         learn: also train and judge the learned rule.
+        reference: the dense exact run on the same prompts (computed when not given; pass it
+            to tune both modes against one reference).
 
     Raises:
         RelaxedVerificationError: ``mode`` is exact or a weight outside [0, 1].
@@ -212,13 +219,15 @@ def tune_relaxed(
     grid = [check_weight(w) for w in weights]
     skip = frozenset(int(i) for i in skip)
     rule = {"eps": eps, "confidence": confidence, "relative": relative}
-    ref = dense_reference(evaluator)
-    log.info("dense exact reference: A=%.3f M=%.4f", ref.accept_length, ref.metric)
+    ref = reference
+    if ref is None:
+        ref = dense_reference(evaluator)
+        log.info("dense exact reference: A=%.3f M=%.4f", ref.accept_length, ref.metric)
 
-    def judge(name: str, m: str, settings: dict[str, Any], verifier: Verifier) -> Candidate:
+    def judge(name: str, m: str, settings: dict[str, Any], verifier: Verifier, learned: bool = False) -> Candidate:
         log.info("candidate %s under skip %s", name, sorted(skip))
         j = check_against_dense(evaluator, verifier, skip, ref, **rule)
-        return Candidate(name, m, settings, j)
+        return Candidate(name, m, settings, j, learned)
 
     cands = [judge(EXACT, EXACT, {}, Verifier(Verification.exact))]
     history: dict[str, list[dict[str, float]]] = {}
@@ -240,8 +249,7 @@ def tune_relaxed(
             )
             history["learned weight"] = trained.history
             learned["learned weight"] = trained.policy
-            cands.append(judge("learned weight", "diversed", {"weight_policy": "(unsaved)"},
-                               Verifier(mode, weight_policy=trained.policy)))
+            cands.append(judge("learned weight", "diversed", {}, Verifier(mode, weight_policy=trained.policy), True))
     else:
         taus = {"tau_draft": float(tau_draft), "tau_target": float(tau_target)}
         cands.append(judge("threshold", "cospec", taus, Verifier(mode, policy=ThresholdPolicy(**taus))))
@@ -252,8 +260,7 @@ def tune_relaxed(
             )
             history["learned policy"] = trained_p.history
             learned["learned policy"] = trained_p.policy
-            cands.append(judge("learned policy", "cospec", {"policy": "(unsaved)"},
-                               Verifier(mode, policy=trained_p.policy)))
+            cands.append(judge("learned policy", "cospec", {}, Verifier(mode, policy=trained_p.policy), True))
     chosen = _choose(cands)
     log.info("chosen: %s (%s)", chosen.name, chosen.label)
     return RelaxedChoice(
