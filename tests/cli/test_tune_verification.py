@@ -3,6 +3,7 @@ parameters, the mapping entry marked lossy (or left unchanged when exact is kept
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,8 +95,8 @@ def test_command_runs(tmp_path, mapped):
     r = subprocess.run(
         [sys.executable, "-m", "tss_opt.cli.tune_verification", *COMMON, "verification=diversed",
          f"mapping_path={mapped}", f"relaxed.out_dir={tmp_path / 'relaxed'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                                          "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
     )
     assert r.returncode == 0, r.stderr
     assert "chosen:" in r.stdout and load_mapping(mapped).entry_for("qa").lossy
