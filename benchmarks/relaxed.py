@@ -1,14 +1,20 @@
-"""Relaxed verification on the embedded model (issue 13): exact vs DIVERSED vs CoSpec, each with
-and without a TSS skip set, on held-out prompts; settings chosen on calibration prompts.
+"""Relaxed verification on the embedded model (issue 13): exact vs DIVERSED (searched and learned
+weight) vs CoSpec (threshold and learned), each dense and with a TSS skip set, on held-out
+prompts; settings chosen on calibration prompts.
 
-Per domain: the DIVERSED weight is searched on the calibration prompts under the skip set
-(:func:`tss_opt.evaluation.relaxed.search_weight`, paired rule against dense exact), the CoSpec
-policy is trained with REINFORCE on the same prompts
-(:func:`tss_opt.evaluation.relaxed.train_cospec_policy`), then every method runs the held-out
-prompts. The draft model is the self-drafter (the target under a large skip set): no trained
-EAGLE head exists for the embedded model.
+Per domain the settings are tuned on the calibration prompts under the TSS skip set, as
+``python -m tss_opt.cli.tune_verification`` does (:func:`tss_opt.evaluation.relaxed_choice.tune_relaxed`,
+paired metric rule against dense exact): DIVERSED's grid of fixed weights and its learned,
+context-dependent weight; CoSpec's threshold rule and its learned policy. Then every method
+runs the held-out prompts. LOSSY rows show their metric change beside their speedup.
 
-    OMP_NUM_THREADS=1 python benchmarks/relaxed.py --out docs/results/relaxed_benchmark.txt
+The drafter must give a distribution: ``--drafter self`` (the target under ``--draft-skip``;
+fewer skipped layers make the draft match the target more often) or ``--drafter eagle
+--checkpoint DIR`` (an EAGLE-1 head directory, config.json + pytorch_model.bin; ``random`` for a
+random head: plumbing only).
+
+    OMP_NUM_THREADS=1 python benchmarks/relaxed.py --domains summarization,qa --out docs/results/relaxed_benchmark.txt
+    OMP_NUM_THREADS=1 python benchmarks/relaxed.py --drafter eagle --checkpoint storage/eagle/smollm2 --domains summarization
 """
 
 from __future__ import annotations
@@ -17,111 +23,179 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from tss_opt.assembly import assemble, build_evaluator, compose_config
-from tss_opt.evaluation.decoding.arbitration import ThresholdPolicy
-from tss_opt.evaluation.decoding.verification import Verifier
-from tss_opt.evaluation.relaxed import search_weight, train_cospec_policy
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tss_opt.assembly import assemble, build_evaluator, compose_config  # noqa: E402
+from tss_opt.evaluation.decoding.arbitration import ThresholdPolicy  # noqa: E402
+from tss_opt.evaluation.decoding.verification import Verifier  # noqa: E402
+from tss_opt.evaluation.relaxed import dense_reference  # noqa: E402
+from tss_opt.evaluation.relaxed_choice import RelaxedChoice, tune_relaxed  # noqa: E402
 
 # TSS skip sets: summarization's from the held-out report (docs/results/heldout.md); for
-# translation, the set FACTS.md found harmless on SmolLM2 (no translation search exists yet).
+# translation, the set FACTS.md found harmless on SmolLM2; qa's from its search.
 TSS_SKIP = {"summarization": (22,), "translation": (6, 21, 25), "qa": (8, 25)}
+
+
+def parse_layers(text: str) -> list[int]:
+    """``"20-27"``, ``"8,20-27"`` or ``""`` as a sorted list of layer indices."""
+    out: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
+
+
+def drafter_overrides(args: argparse.Namespace) -> tuple[list[str], str]:
+    """Config overrides selecting the drafter, and a line describing it."""
+    if args.drafter == "self":
+        layers = parse_layers(args.draft_skip)
+        return (
+            ["drafter=self", f"drafter.skip=[{','.join(map(str, layers))}]", f"drafter.num_tokens={args.draft_tokens}"],
+            f"self (skip {args.draft_skip}: {len(layers)} layers, {args.draft_tokens} tokens/step, greedy)",
+        )
+    if not args.checkpoint:
+        raise SystemExit("--drafter eagle needs --checkpoint DIR (an EAGLE-1 head directory) or --checkpoint random")
+    head = ["drafter.random_init=true"] if args.checkpoint == "random" else [f"drafter.path={args.checkpoint}"]
+    tree = [f"drafter.total_tokens={args.eagle_total_tokens}", f"drafter.depth={args.eagle_depth}",
+            f"drafter.top_k={args.eagle_top_k}"]
+    return (
+        ["drafter=eagle", *head, *tree],
+        f"eagle (head {args.checkpoint}; tree total_tokens={args.eagle_total_tokens}, depth={args.eagle_depth}, "
+        f"top_k={args.eagle_top_k})",
+    )
+
+
+def _best_fixed(choice: RelaxedChoice) -> float:
+    """The searched DIVERSED weight: the feasible fixed weight with the highest accepted length, 1.0 if none."""
+    fixed = [c for c in choice.candidates if c.name.startswith("fixed") and c.judged.feasible]
+    return max(fixed, key=lambda c: c.judged.accept_length).settings["weight"] if fixed else 1.0
+
+
+def _tuning_lines(choice: RelaxedChoice, metric: str) -> list[str]:
+    lines = [choice.table(metric)]
+    for name, rows in choice.history.items():
+        for h in rows:
+            extra = f"mean w {h['mean_weight']:.2f}" if "mean_weight" in h else f"keep-rate {h['keep_rate']:.2f}"
+            lines.append(
+                f"  {name} REINFORCE epoch {int(h['epoch'])}: reward {h['reward']:.4f} {metric} {h['metric']:.4f} "
+                f"A {h['accept_length']:.3f} {extra}"
+            )
+    for name, obj in choice.learned.items():
+        lines.append(f"  {name} theta = {[round(x, 3) for x in obj.theta.tolist()]}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--domains", default="summarization,translation")
+    ap.add_argument("--domains", default="summarization,qa")
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per domain")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--calib-prompts", type=int, default=4)
     ap.add_argument("--calib-tokens", type=int, default=32)
-    ap.add_argument("--weights", default="1.0,0.6,0.3")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--draft-skip", default="12-27", help="self-drafter skip set, a range a-b inclusive")
-    ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--weights", default="1.0,0.6,0.3", help="DIVERSED's grid of fixed weights")
+    ap.add_argument("--epochs", type=int, default=2, help="REINFORCE passes (learned weight and CoSpec policy)")
+    ap.add_argument("--eps", type=float, default=0.05, help="metric tolerance (relative) of the paired rule")
+    ap.add_argument("--confidence", type=float, default=0.8, help="one-sided confidence of the paired rule")
+    ap.add_argument("--tss-skip", default=None, help="one TSS skip set for every domain (e.g. 22 or 6,21,25)")
+    ap.add_argument("--drafter", choices=("self", "eagle"), default="self")
+    ap.add_argument(
+        "--draft-skip", default="12-15",
+        help="self-drafter skip set: ranges and indices (12-15: exact A about 1.8 on summarization; 20-27 never matched)",
+    )
+    ap.add_argument("--draft-tokens", type=int, default=4, help="self-drafter tokens per step")
+    ap.add_argument("--checkpoint", default=None, help="EAGLE head directory (--drafter eagle); 'random' for a random head")
+    ap.add_argument("--eagle-total-tokens", type=int, default=16)
+    ap.add_argument("--eagle-depth", type=int, default=4)
+    ap.add_argument("--eagle-top-k", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("tss_opt.evaluation.relaxed").setLevel(logging.INFO)
-    lo, hi = (int(x) for x in args.draft_skip.split("-"))
-    draft_skip = list(range(lo, hi + 1))
+    logging.getLogger("tss_opt.evaluation.relaxed_choice").setLevel(logging.INFO)
+    overrides, drafter_line = drafter_overrides(args)
+    weights = [float(w) for w in args.weights.split(",")]
     lines = [
         "# Relaxed verification benchmark (issue 13)",
-        "command: OMP_NUM_THREADS=1 python benchmarks/relaxed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        f"model: embedded SmolLM2-135M-Instruct, float32, 1 thread; drafter: self (skip {lo}-{hi}, "
-        f"{args.draft_tokens} tokens/step, greedy, return_probs); temperature 0; scope verify",
-        f"held-out: {args.prompts} prompts x {args.max_new_tokens} tokens; calibration (w search, REINFORCE): "
-        f"{args.calib_prompts} prompts x {args.calib_tokens} tokens",
+        f"command: OMP_NUM_THREADS={args.threads} python benchmarks/relaxed.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        f"model: embedded SmolLM2-135M-Instruct, float32, {args.threads} thread(s); drafter: {drafter_line}, "
+        "return_probs; temperature 0; scope verify",
+        f"held-out: {args.prompts} prompts x {args.max_new_tokens} tokens; calibration (tuning): {args.calib_prompts} "
+        f"prompts x {args.calib_tokens} tokens; paired rule eps={args.eps} (relative), confidence {args.confidence}",
         "LOSSY rows: their metric change vs exact dense is shown beside their speedup.",
         "",
     ]
+    print("\n".join(lines), flush=True)
     t_all = time.perf_counter()
     rt = None
     for domain in args.domains.split(","):
+        t_dom = time.perf_counter()
         cfg = compose_config(
-            [f"+domain={domain}", "drafter=self", f"drafter.skip=[{','.join(map(str, draft_skip))}]",
-             f"drafter.num_tokens={args.draft_tokens}", "threads=1"]
+            [f"+domain={domain}", *overrides, f"threads={args.threads}", f"model.cache_dir={REPO / 'storage' / 'models'}"]
         )
         rt = rt or assemble(cfg)
-        skip = frozenset(TSS_SKIP[domain])
+        skip = frozenset(parse_layers(args.tss_skip) if args.tss_skip is not None else TSS_SKIP.get(domain, ()))
         cal = build_evaluator(cfg, runtime=rt, split="calibration", prompts=args.calib_prompts)
         cal.max_new_tokens, cal.show_progress = args.calib_tokens, False
-        t0 = time.perf_counter()
-        ws = search_weight(cal, skip, [float(w) for w in args.weights.split(",")])
-        trained = train_cospec_policy(cal, skip, epochs=args.epochs)
-        tune_s = time.perf_counter() - t0
-        lines.append(f"## {domain} (metric {cal.metric_name}; TSS skip set {sorted(skip)})")
-        lines.append(f"calibration dense exact: A={ws.reference['accept_length']:.3f} M={ws.reference['metric']:.4f}")
-        for r in ws.rows:
-            lines.append(
-                f"  DIVERSED w={r['weight']:.2f} under TSS: A={r['accept_length']:.3f} M={r['metric']:.4f} "
-                f"paired lower={r['lower']:+.4f} tol={r['tolerance']:.4f} {'feasible' if r['feasible'] else 'infeasible'}"
-            )
-        lines.append(f"  searched w = {ws.weight:.2f}")
-        for h in trained.history:
-            lines.append(
-                f"  REINFORCE epoch {int(h['epoch'])}: reward {h['reward']:.4f} metric {h['metric']:.4f} "
-                f"A {h['accept_length']:.3f} keep-rate {h['keep_rate']:.2f}"
-            )
-        lines.append(f"  learned theta = {[round(x, 3) for x in trained.policy.theta.tolist()]}  (tuning {tune_s:.0f}s)")
+        rule = dict(eps=args.eps, confidence=args.confidence, epochs=args.epochs)
+        ref = dense_reference(cal)
+        div = tune_relaxed(cal, "diversed", skip, weights=weights, reference=ref, **rule)
+        cos = tune_relaxed(cal, "cospec", skip, reference=ref, **rule)
+        tune_s = time.perf_counter() - t_dom
+        out = [f"## {domain} (metric {cal.metric_name}; TSS skip set {sorted(skip)})",
+               f"calibration dense exact: A={ref.accept_length:.3f} {cal.metric_name}={ref.metric:.4f} "
+               f"({'the draft matched sometimes' if ref.accept_length > 1.0 else 'the draft NEVER matched: uninformative'})",
+               "", "DIVERSED tuning (calibration, under the TSS skip set):", *_tuning_lines(div, cal.metric_name),
+               "", "CoSpec tuning (calibration, under the TSS skip set):", *_tuning_lines(cos, cal.metric_name),
+               f"tune_verification would choose: DIVERSED {div.chosen.name}, CoSpec {cos.chosen.name} "
+               f"(tuning {tune_s:.0f}s)"]
+        w = _best_fixed(div)
+        feasible = {c.name: c.judged.feasible for ch in (div, cos) for c in ch.candidates}
         held = build_evaluator(cfg, runtime=rt, split="heldout", prompts=args.prompts)
         held.max_new_tokens, held.show_progress = args.max_new_tokens, False
         methods = [
-            ("exact", Verifier("exact")),
-            (f"DIVERSED searched w={ws.weight:.2f}", Verifier("diversed", weight=ws.weight)),
-            ("CoSpec threshold", Verifier("cospec", policy=ThresholdPolicy())),
-            ("CoSpec learned", Verifier("cospec", policy=trained.policy)),
+            ("exact", None, Verifier("exact")),
+            (f"DIVERSED searched w={w:.2f}", "exact" if w >= 1.0 else f"fixed w={w:.2f}", Verifier("diversed", weight=w)),
+            ("DIVERSED learned w", "learned weight", Verifier("diversed", weight_policy=div.learned["learned weight"])),
+            ("CoSpec threshold", "threshold", Verifier("cospec", policy=ThresholdPolicy())),
+            ("CoSpec learned", "learned policy", Verifier("cospec", policy=cos.learned["learned policy"])),
         ]
         rows = []
         base = None
         for skip_label, s in (("dense", frozenset()), ("TSS", skip)):
-            for name, verifier in methods:
+            for name, cand, verifier in methods:
                 held.verifier = verifier
                 r = held.evaluate(s)
                 base = base or r
-                rows.append((name, skip_label, r))
-        lines.append("")
-        lines.append(
-            f"| method | target | accepted length | {held.metric_name} | Δ metric vs exact dense | tok/s | speedup | lossy |"
-        )
-        lines.append("|---|---|---:|---:|---:|---:|---:|---|")
+                rows.append((name, cand, skip_label, r))
         assert base is not None
-        for name, skip_label, r in rows:
-            lines.append(
+        out += [
+            "",
+            f"| method | target | accepted length | {held.metric_name} | Δ metric vs exact dense | tok/s | speedup | "
+            "calibration: keeps the metric | lossy |",
+            "|---|---|---:|---:|---:|---:|---:|:-:|---|",
+        ]
+        for name, cand, skip_label, r in rows:
+            ok_cell = "—" if cand is None else ("yes" if feasible[cand] else "no")
+            out.append(
                 f"| {name} | {skip_label} | {r.accept_length:.3f} | {r.metric:.4f} | {r.metric - base.metric:+.4f} | "
-                f"{r.tokens_per_s:.2f} | {r.tokens_per_s / base.tokens_per_s:.2f}x | {'LOSSY ' + r.verification if r.lossy else 'exact'} |"
+                f"{r.tokens_per_s:.2f} | {r.tokens_per_s / base.tokens_per_s:.2f}x | {ok_cell} | "
+                f"{'LOSSY ' + r.verification if r.lossy else 'exact'} |"
             )
-        lines.append("")
-        print("\n".join(lines), flush=True)
+        out += ["", f"({domain}: {time.perf_counter() - t_dom:.0f}s)", ""]
+        print("\n".join(out), flush=True)
+        lines += out
     lines.append(f"total wall time {time.perf_counter() - t_all:.0f}s")
-    text = "\n".join(lines) + "\n"
-    print(text)
+    print(lines[-1])
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 0
 
 

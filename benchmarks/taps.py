@@ -2,6 +2,7 @@
 
     python benchmarks/taps.py                                   # summarization + rag, 8 x 48
     python benchmarks/taps.py --domains summarization,translation --skip 6,21,25 --prompts 4
+    python benchmarks/taps.py --members pld,token_recycle,eagle:storage/eagle/summarization  # a trained head
 
 For every domain (held-out prompts) and every method, dense and combined with the TSS skip set
 given by ``--skip`` (scope "verify": dense prefill, sparse verification): accepted length
@@ -10,6 +11,9 @@ tokens/s (generated tokens over the request's decoding time; the prompt's dense 
 computed once per prompt and reused by every method, so it is not in the time), and whether
 every output equals plain decoding of the same target (TAPS is lossless: it must). Methods:
 plain decoding (no drafter), each member alone, ``routed`` and ``merged`` over the members.
+A member is a shipped drafter config name or ``eagle:DIR``: an EAGLE-1 head directory
+(config.json + pytorch_model.bin, the format of the EAGLE loader; ``eagle:random`` is a random
+head, for plumbing only); several heads may be members (one per domain, say).
 Each method keeps one drafter instance for all prompts of a domain (Token Recycling's table
 stays warm, as in serving). Per-member statistics of ``routed`` and ``merged`` follow each
 domain's table. Methods run in a rotated order per prompt so machine drift hits them alike.
@@ -60,32 +64,48 @@ def drafter_cfg(name: str, **over: Any) -> dict[str, Any]:
     return out
 
 
+def member_cfg(spec: str) -> tuple[str, dict[str, Any]]:
+    """A ``--members`` entry as (label, drafter config): a shipped name, or ``eagle:DIR``."""
+    if spec.startswith("eagle:"):
+        path = spec.split(":", 1)[1]
+        if not path:
+            raise SystemExit("--members: eagle:DIR needs the head directory (or eagle:random)")
+        head = {"random_init": True, "path": None} if path == "random" else {"path": path}
+        label = "eagle" if path == "random" else f"eagle:{Path(path).name}"
+        return label, drafter_cfg("eagle", **head)
+    return spec, drafter_cfg(spec)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--domains", default="summarization,rag")
     ap.add_argument("--split", default="heldout", choices=["calibration", "validation", "heldout"])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--members", default="pld,token_recycle,samd", help="shipped drafter configs")
+    ap.add_argument(
+        "--members", default="pld,token_recycle,samd",
+        help="shipped drafter configs, or eagle:DIR for a trained EAGLE head (eagle:random: a random head)",
+    )
     ap.add_argument("--skip", default="6,21,25", help="the TSS skip set combined with every method")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     skip = tuple(int(s) for s in args.skip.split(",") if s.strip())
-    members = args.members.split(",")
+    members = [member_cfg(m) for m in args.members.split(",")]
     print(
         f"# TAPS benchmark: {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
         f"{args.dtype}; {args.prompts} {args.split} prompts x {args.max_new_tokens} new tokens per domain; "
-        f"members {members}; TSS skip set {list(skip)} (scope verify)",
+        f"members {[label for label, _ in members]}; TSS skip set {list(skip)} (scope verify)",
         flush=True,
     )
     rt = assemble(compose_config([f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]))
     target, tok = rt.target, rt.loaded.tokenizer
     eos = rt.eos_token_ids
-    member_cfgs = [{"name": m} for m in members]
+    # Members of routed/merged: each member's full config with its label (two heads differ by path).
+    member_cfgs = [{**{k: v for k, v in cfg.items() if k != "_target_"}, "label": label} for label, cfg in members]
     specs: list[tuple[str, dict[str, Any] | None]] = [("plain decoding", None)]
-    specs += [(m, drafter_cfg(m)) for m in members]
+    specs += [(label, cfg) for label, cfg in members]
     specs += [("routed", drafter_cfg("routed", members=member_cfgs))]
     specs += [("merged", drafter_cfg("merged", members=member_cfgs))]
 

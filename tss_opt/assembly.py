@@ -34,6 +34,8 @@ __all__ = [
     "check_prompts",
     "build_replay_evaluator",
     "build_verifier",
+    "check_distribution_drafter",
+    "relaxed_settings",
     "compose_config",
     "drafter_config",
     "max_new_tokens_for",
@@ -283,30 +285,34 @@ def build_verifier(cfg: DictConfig, drafter_cfg: dict[str, Any] | None = None) -
             drafter without distributions, a missing policy file.
     """
     from tss_opt.config import Verification
-    from tss_opt.evaluation.decoding.arbitration import LogisticPolicy, ThresholdPolicy
-    from tss_opt.evaluation.decoding.verification import (
-        DISTRIBUTION_DRAFTERS,
-        Verifier,
-        refuse_drafter,
-    )
+    from tss_opt.evaluation.decoding.verification import Verifier, verifier_from_settings
 
     mode = Verification.parse("verification", str(cfg.get("verification") or "exact"))
-    relaxed = cfg.get("relaxed") or {}
     if mode is Verification.exact:
         return Verifier(mode)
-    drafter = drafter_cfg if drafter_cfg is not None else drafter_config(cfg)
+    check_distribution_drafter(mode, drafter_cfg if drafter_cfg is not None else drafter_config(cfg))
+    return verifier_from_settings(mode, relaxed_settings(cfg))
+
+
+def relaxed_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The ``relaxed`` group as a plain dict (the verifier's settings only)."""
+    relaxed = cfg.get("relaxed") or {}
+    keys = ("weight", "weight_policy", "policy", "tau_draft", "tau_target")
+    return {k: relaxed.get(k) for k in keys if relaxed.get(k) is not None}
+
+
+def check_distribution_drafter(mode: Any, drafter: dict[str, Any]) -> None:
+    """Refuse a relaxed ``mode`` with a shipped drafter that gives no distribution.
+
+    Raises:
+        RelaxedVerificationError: naming the drafter and the ones that give distributions.
+    """
+    from tss_opt.evaluation.decoding.verification import DISTRIBUTION_DRAFTERS, refuse_drafter
+
     name = str(drafter.get("name"))
-    if name not in DISTRIBUTION_DRAFTERS and not drafter.get("_target_", "").endswith(("build_self", "build_draft_model")):
+    builders = ("build_self", "build_draft_model", "build_eagle")
+    if name not in DISTRIBUTION_DRAFTERS and not str(drafter.get("_target_", "")).endswith(builders):
         raise refuse_drafter(mode, name)
-    if mode is Verification.diversed:
-        return Verifier(mode, weight=float(relaxed.get("weight", 0.5)))
-    policy_path = relaxed.get("policy")
-    policy = (
-        LogisticPolicy.load(policy_path)
-        if policy_path
-        else ThresholdPolicy(float(relaxed.get("tau_draft", 0.6)), float(relaxed.get("tau_target", 0.15)))
-    )
-    return Verifier(mode, policy=policy)
 
 
 # ------------------------------------------------------------------------ study identity
@@ -347,16 +353,10 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _verification_label(cfg: DictConfig) -> str:
-    """``exact``, or the relaxed rule with its settings (``diversed(w=0.60)``, ...)."""
-    mode = str(cfg.get("verification") or "exact")
-    relaxed = cfg.get("relaxed") or {}
-    if mode == "diversed":
-        return f"diversed(w={float(relaxed.get('weight', 0.5)):.4g})"
-    if mode == "cospec":
-        if relaxed.get("policy"):
-            return f"cospec(policy={relaxed.get('policy')})"
-        return f"cospec(tau={float(relaxed.get('tau_draft', 0.6)):.4g},{float(relaxed.get('tau_target', 0.15)):.4g})"
-    return mode
+    """``exact``, or the relaxed rule with its settings (``diversed(w=0.6)``, ...)."""
+    from tss_opt.evaluation.decoding.verification import settings_label
+
+    return settings_label(str(cfg.get("verification") or "exact"), relaxed_settings(cfg))
 
 
 def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
@@ -388,4 +388,8 @@ def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
         "split": cfg.split,
         "protocol": proto,
     }
+    if "verification" in proto:  # lossy: say so in the dashboard and keep what rebuilds the rule
+        metadata["verification"] = proto["verification"]
+        metadata["lossy"] = True
+        metadata["relaxed"] = {"mode": str(cfg.verification), **relaxed_settings(cfg)}
     return name, metadata

@@ -4,14 +4,19 @@ REINFORCE, the config/assembly wiring and the lossy labels (tiny model, a few pr
 from __future__ import annotations
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from tss_opt.assembly import build_verifier, compose_config, protocol
 from tss_opt.config import config_dir
-from tss_opt.evaluation.decoding.arbitration import LogisticPolicy, ThresholdPolicy
+from tss_opt.evaluation.decoding.arbitration import FEATURES, LogisticPolicy, ThresholdPolicy
 from tss_opt.evaluation.decoding.drafters import SelfDrafter
 from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.verification import RelaxedVerificationError, Verifier
+from tss_opt.evaluation.decoding.verification import (
+    RelaxedVerificationError,
+    Verifier,
+    verifier_from_settings,
+)
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 from tss_opt.evaluation.relaxed import search_weight, train_cospec_policy
@@ -93,3 +98,103 @@ def test_mapping_entry_keeps_the_lossy_label():
     assert back.verification == "diversed(w=0.6)" and back.lossy
     plain = MappingEntry(**{**e.__dict__, "verification": "exact"}).to_dict()
     assert "verification" not in plain and not _entry(None, "qa", plain, "m", 4).lossy
+
+
+# ------------------------------------------------------------- learned DIVERSED weight
+def test_diversed_weight_reinforce_runs_and_changes_theta(tiny):
+    from tss_opt.evaluation.relaxed import train_diversed_weight
+
+    ev = _evaluator(tiny, n=3)
+    out = train_diversed_weight(ev, frozenset({3}), epochs=2, init_weight=0.5, step_cost=1.0, seed=1)
+    assert len(out.history) == 2 and not out.policy.training and out.policy.episodes == []
+    assert out.history[0]["decisions"] > 0 and 0.0 < out.history[0]["mean_weight"] < 1.0
+    start = torch.zeros(len(FEATURES), dtype=torch.float64)
+    assert not bool((out.policy.theta[1:] == start[1:]).all()), "REINFORCE left theta where it started"
+    assert ev.verifier.describe() == "exact"  # restored
+
+
+def _judged(a: float, feasible: bool):
+    from tss_opt.evaluation.relaxed import Judged
+
+    return Judged("x", a, 0.5, 0.0, 0.0, 0.01, feasible, None)  # type: ignore[arg-type]
+
+
+def test_choice_rule_prefers_exact_on_ties_and_falls_back_to_it():
+    from tss_opt.evaluation.relaxed_choice import Candidate, _choose
+
+    exact = Candidate("exact", "exact", {}, _judged(2.0, True))
+    tie = Candidate("fixed w=0.60", "diversed", {"weight": 0.6}, _judged(2.0, True))
+    better = Candidate("learned weight", "diversed", {"weight_policy": "p.json"}, _judged(2.5, True))
+    broken = Candidate("fixed w=0.20", "diversed", {"weight": 0.2}, _judged(3.0, False))
+    assert _choose([exact, tie]) is exact
+    assert _choose([exact, tie, better, broken]) is better
+    assert _choose([Candidate("exact", "exact", {}, _judged(2.0, False)), broken]).name == "exact"
+    assert better.label == "diversed(weight_policy=p.json)" and tie.label == "diversed(w=0.6)"
+
+
+@pytest.mark.parametrize("mode", ["diversed", "cospec"])
+def test_tune_relaxed_judges_every_candidate(tiny, tmp_path, mode):
+    from tss_opt.evaluation.relaxed_choice import tune_relaxed
+
+    ev = _evaluator(tiny, n=3, max_new=8)
+    choice = tune_relaxed(ev, mode, frozenset({3}), weights=(1.0, 0.0), epochs=1, eps=0.5)
+    names = [c.name for c in choice.candidates]
+    assert names == (["exact", "fixed w=0.00", "learned weight"] if mode == "diversed" else
+                     ["exact", "threshold", "learned policy"])
+    saved = choice.save_learned(tmp_path, "qa")
+    assert set(saved) == {names[-1]} and saved[names[-1]].is_file()
+    assert choice.candidates[-1].settings[("weight_policy" if mode == "diversed" else "policy")] == str(saved[names[-1]])
+    table = choice.table("f1")
+    assert table.count("\n") == 1 + len(names) and "**yes**" in table
+    block = choice.mapping_block()
+    if choice.lossy:
+        assert block["mode"] == mode and block["chosen"] == choice.chosen.name and block["skip_set"] == [3]
+        assert block["calibration"]["prompts"] == 3 and len(block["candidates"]) == len(names)
+        assert verifier_from_settings(block["mode"], block).lossy  # the block rebuilds the rule
+    else:
+        assert block is None
+    with pytest.raises(RelaxedVerificationError, match="lossy mode"):
+        tune_relaxed(ev, "exact")
+
+
+def test_config_builds_the_learned_weight(tmp_path):
+    from tss_opt.assembly import study_identity
+    from tss_opt.evaluation.decoding.blend_weight import LearnedWeight
+
+    path = LearnedWeight().save(tmp_path / "w.json")
+    cfg = compose_config(["+domain=summarization", "verification=diversed", f"relaxed.weight_policy={path}",
+                          "drafter=self", "drafter.skip=[1]"])
+    v = build_verifier(cfg)
+    assert isinstance(v.weight_policy, LearnedWeight) and v.describe() == "diversed(w=learned)"
+    assert protocol(cfg)["verification"] == f"diversed(weight_policy={path})"
+    _, meta = study_identity(cfg)
+    assert meta["lossy"] is True and meta["relaxed"]["weight_policy"] == str(path) and meta["relaxed"]["mode"] == "diversed"
+    _, exact_meta = study_identity(compose_config(["+domain=summarization"]))
+    assert "lossy" not in exact_meta and "relaxed" not in exact_meta  # exact studies' metadata unchanged
+    eagle = compose_config(["verification=diversed", "drafter=eagle", "drafter.random_init=true"])
+    assert build_verifier(eagle).lossy  # EAGLE gives distributions now
+
+
+def test_mapping_entry_keeps_the_tuned_setting():
+    from tss_opt.mapping.format import MappingEntry, MappingError, _entry
+
+    base = dict(
+        domain="qa", skip_set=(1,), accept_length=2.0, metric=0.2, metric_name="f1", cost=0.5, sparsity=0.25,
+        baseline={"accept_length": 1.5, "metric": 0.25, "cost": 0.7}, model="m", num_layers=4, drafter="self",
+        study={}, selection="min_cost",
+    )
+    relaxed = {"mode": "cospec", "policy": "storage/relaxed/x.json", "calibration": {"metric": 0.24, "metric_change": -0.01}}
+    e = MappingEntry(**base, verification="cospec(policy=storage/relaxed/x.json)", relaxed=relaxed)
+    d = e.to_dict()
+    # metric_change is the tuned rule's, not the search's (exact under the skip set)
+    assert d["lossy"] and d["relaxed"]["policy"] == "storage/relaxed/x.json" and d["metric_change"] == -0.01
+    back = _entry(None, "qa", d, "m", 4)
+    assert back.relaxed == relaxed and back.lossy
+    exact = MappingEntry(**base).to_dict()
+    assert "relaxed" not in exact and "lossy" not in exact  # exact entries are written as before
+    with pytest.raises(MappingError, match="relaxed.mode"):
+        _entry(None, "qa", {**d, "relaxed": {"mode": "lenient"}}, "m", 4)
+    with pytest.raises(MappingError, match=r"relaxed.weight.*\[0, 1\]"):
+        _entry(None, "qa", {**d, "relaxed": {"mode": "diversed", "weight": 3}}, "m", 4)
+    with pytest.raises(MappingError, match="verification is exact"):
+        _entry(None, "qa", {**exact, "relaxed": relaxed}, "m", 4)

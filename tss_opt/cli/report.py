@@ -8,7 +8,10 @@ prompt, with the same drafter (native only where the mapping keeps dense). Paire
 the validation prediction and a verdict per domain (metric tolerance: ``search.eps_metric``,
 ``search.relative``). Writes ``heldout.md`` (the paper's Table 1 layout plus intervals),
 ``heldout.json``, ``speedup.png`` and, per domain, ``profile_<domain>.png`` and
-``pareto_<domain>.png`` from the domain's search study into ``report_dir``. See docs/report.md.
+``pareto_<domain>.png`` from the domain's search study into ``report_dir``. A mapping entry
+with a lossy verification rule (``tune_verification``) is measured under that rule and its row
+labelled LOSSY with its metric change beside its speedup (the drafter must give
+distributions). See docs/report.md.
 """
 
 from __future__ import annotations

@@ -49,17 +49,35 @@ class RelaxedSettings:
     Attributes:
         weight: DIVERSED's target share ``w`` in [0, 1] of the blend
             ``w * p_target + (1 - w) * p_draft`` (1 = exact); searched per domain by
-            ``python -m tss_opt.cli.relaxed`` (tss_opt.evaluation.relaxed.search_weight).
+            ``python -m tss_opt.cli.tune_verification`` (tss_opt.evaluation.relaxed.search_weight).
         tau_draft, tau_target: CoSpec's threshold baseline: keep the draft token ``x`` at a
             mismatch when ``p_draft(x) > tau_draft`` and ``p_target(x) > tau_target``.
         policy: a learned CoSpec policy (JSON from ``train_cospec_policy``); ``None`` = the
             threshold baseline.
+        weight_policy: a learned, context-dependent DIVERSED weight (JSON from
+            ``train_diversed_weight``); replaces ``weight`` when set.
+        weights: ``tune_verification``: DIVERSED's grid of fixed weights.
+        epochs, lr, step_cost, sigma, init_weight, seed: ``tune_verification``'s REINFORCE
+            (CoSpec policy and learned DIVERSED weight): passes over the calibration prompts,
+            step size, the steps-per-token cost in the reward, the DIVERSED weight's exploration
+            noise (logits) and starting weight, the exploration seed.
+        out_dir: where ``tune_verification`` saves learned parameters (JSON).
     """
 
     weight: float = 0.5
     tau_draft: float = 0.6
     tau_target: float = 0.15
     policy: str | None = None
+    weight_policy: str | None = None
+    # tune_verification (python -m tss_opt.cli.tune_verification)
+    weights: list[float] = field(default_factory=lambda: [1.0, 0.8, 0.6, 0.4, 0.2])
+    epochs: int = 4
+    lr: float = 2.0
+    step_cost: float = 0.1
+    sigma: float = 1.0
+    init_weight: float = 0.8
+    seed: int = 0
+    out_dir: str = "storage/relaxed"
 
 
 @dataclass

@@ -7,6 +7,18 @@
 - :func:`train_cospec_policy`: CoSpec's :class:`LogisticPolicy`, trained with REINFORCE on the
   calibration prompts; reward per prompt = the domain's task metric of the finished output minus
   ``step_cost * steps / tokens``; a batch-mean baseline.
+- :func:`train_diversed_weight`: DIVERSED's context-dependent weight
+  (:class:`~tss_opt.evaluation.decoding.blend_weight.LearnedWeight`,
+  ``w = sigmoid(theta . features)``), trained the same way with a logit-normal exploration.
+- :func:`check_against_dense`: any relaxed rule run once under the skip set and judged by the
+  same paired rule as the weight grid (the learned rules must pass it too; see
+  :mod:`tss_opt.evaluation.relaxed_choice`, which picks a domain's setting).
+
+Why REINFORCE for the learned weight, not a supervised fit: the quantity to optimise is the
+task metric of the finished output (plus fewer steps), known only per prompt; no per-token
+label says which rejected draft token was harmless. The reward is CoSpec's, so both learned
+rules are trained and judged alike, and the metric constraint is enforced after training by
+the paired rule against dense exact verification (a rule that fails it is not chosen).
 
 Both take a :class:`SpecDecodeEvaluator` (its prompts, metric, drafter and protocol) and swap
 its ``verifier`` while they run, restoring it afterwards.
@@ -23,6 +35,7 @@ import torch
 
 from tss_opt.config.enums import Verification
 from tss_opt.evaluation.decoding.arbitration import FEATURES, LogisticPolicy
+from tss_opt.evaluation.decoding.blend_weight import LearnedWeight
 from tss_opt.evaluation.decoding.verification import Verifier, check_weight
 from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
 
@@ -56,6 +69,75 @@ def _with_verifier(evaluator: SpecDecodeEvaluator, verifier: Verifier, skip: fro
         evaluator.verifier = saved
 
 
+@dataclass
+class Judged:
+    """One relaxed rule on the calibration prompts under the skip set, judged against dense exact.
+
+    Attributes:
+        label: the rule (``Verifier.describe()``).
+        accept_length, metric: its figures.
+        metric_change: its metric minus the dense exact run's.
+        lower: the paired lower bound of the (oriented) metric change.
+        tolerance: the allowed drop; ``feasible``: ``lower >= -tolerance``.
+        result: the evaluation behind it.
+    """
+
+    label: str
+    accept_length: float
+    metric: float
+    metric_change: float
+    lower: float
+    tolerance: float
+    feasible: bool
+    result: EvalResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "accept_length": self.accept_length, "metric": self.metric,
+            "metric_change": self.metric_change, "lower": self.lower, "tolerance": self.tolerance,
+            "feasible": self.feasible,
+        }
+
+
+def dense_reference(evaluator: SpecDecodeEvaluator) -> EvalResult:
+    """The dense exact run every relaxed rule is judged against."""
+    return _with_verifier(evaluator, Verifier(Verification.exact), frozenset())
+
+
+def check_against_dense(
+    evaluator: SpecDecodeEvaluator,
+    verifier: Verifier,
+    skip: frozenset[int] | Sequence[int],
+    reference: EvalResult,
+    *,
+    eps: float = 0.05,
+    confidence: float = 0.8,
+    relative: bool = True,
+) -> Judged:
+    """Run ``verifier`` under ``skip`` and apply the paired metric rule against ``reference``.
+
+    Feasible when the one-sided paired lower bound (:func:`tss_opt.search.feasibility.paired_bound`)
+    of the metric change is within ``eps`` (relative to the dense metric when ``relative``): the
+    search's metric constraint, as :func:`search_weight` applies it.
+    """
+    from tss_opt.search.feasibility import paired_bound
+
+    if evaluator.num_prompts < 2:
+        raise ValueError(f"the paired metric rule needs at least 2 calibration prompts, got {evaluator.num_prompts}")
+    ref_scores = [p.score for p in reference.prompts]
+    sign = 1.0 if evaluator.metric_higher_is_better else -1.0
+    tol = eps * abs(sum(ref_scores) / len(ref_scores)) if relative else eps
+    r = _with_verifier(evaluator, verifier, frozenset(int(i) for i in skip))
+    _, lower, _ = paired_bound([p.score for p in r.prompts], ref_scores, confidence, sign=sign)
+    judged = Judged(
+        label=verifier.describe(), accept_length=r.accept_length, metric=r.metric,
+        metric_change=r.metric - reference.metric, lower=lower, tolerance=tol, feasible=lower >= -tol, result=r,
+    )
+    log.info("%s: A=%.3f M=%.4f lower=%.4f tol=%.4f %s", judged.label, r.accept_length, r.metric, lower, tol,
+             "feasible" if judged.feasible else "infeasible")
+    return judged
+
+
 def search_weight(
     evaluator: SpecDecodeEvaluator,
     skip: frozenset[int] | Sequence[int] = frozenset(),
@@ -81,30 +163,24 @@ def search_weight(
         :class:`WeightSearch`; a ``w`` is feasible when the paired lower bound of its metric
         change against the dense exact run is within the tolerance.
     """
-    from tss_opt.search.feasibility import paired_bound
-
     grid = [check_weight(w) for w in weights]
     if evaluator.num_prompts < 2:
         raise ValueError(f"search_weight needs at least 2 calibration prompts, got {evaluator.num_prompts}")
     skip = frozenset(int(i) for i in skip)
-    ref = reference or _with_verifier(evaluator, Verifier(Verification.exact), frozenset())
-    ref_scores = [p.score for p in ref.prompts]
-    sign = 1.0 if evaluator.metric_higher_is_better else -1.0
-    tol = eps * abs(sum(ref_scores) / len(ref_scores)) if relative else eps
+    ref = reference or dense_reference(evaluator)
     rows: list[dict[str, Any]] = []
     best_w, best_a = 1.0, float("-inf")
     for w in grid:
-        r = _with_verifier(evaluator, Verifier(Verification.diversed, weight=w), skip)
-        _, lower, _ = paired_bound([p.score for p in r.prompts], ref_scores, confidence, sign=sign)
-        feasible = lower >= -tol
-        rows.append(
-            {"weight": w, "accept_length": r.accept_length, "metric": r.metric, "lower": lower,
-             "tolerance": tol, "feasible": feasible}
+        j = check_against_dense(
+            evaluator, Verifier(Verification.diversed, weight=w), skip, ref, eps=eps, confidence=confidence,
+            relative=relative,
         )
-        log.info("DIVERSED w=%.2f: A=%.3f M=%.4f lower=%.4f tol=%.4f %s", w, r.accept_length, r.metric, lower,
-                 tol, "feasible" if feasible else "infeasible")
-        if feasible and r.accept_length > best_a:
-            best_w, best_a = w, r.accept_length
+        rows.append(
+            {"weight": w, "accept_length": j.accept_length, "metric": j.metric, "lower": j.lower,
+             "tolerance": j.tolerance, "feasible": j.feasible}
+        )
+        if j.feasible and j.accept_length > best_a:
+            best_w, best_a = w, j.accept_length
     return WeightSearch(
         weight=best_w, reference={"accept_length": ref.accept_length, "metric": ref.metric}, rows=rows
     )
@@ -180,3 +256,89 @@ def train_cospec_policy(
     pol.training = False
     pol.episodes = []
     return PolicyTraining(policy=pol, history=history)
+
+
+@dataclass
+class WeightTraining:
+    """The outcome of :func:`train_diversed_weight`.
+
+    Attributes:
+        policy: the trained weight (``training`` off: deterministic ``sigmoid(theta . features)``).
+        history: per epoch: mean ``reward``, ``metric``, ``accept_length``, ``mean_weight`` (the
+            mean sampled ``w`` over the epoch's decisions), ``decisions``.
+    """
+
+    policy: LearnedWeight
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def train_diversed_weight(
+    evaluator: SpecDecodeEvaluator,
+    skip: frozenset[int] | Sequence[int] = frozenset(),
+    *,
+    epochs: int = 4,
+    lr: float = 2.0,
+    step_cost: float = 0.1,
+    sigma: float = 1.0,
+    init_weight: float = 0.8,
+    seed: int = 0,
+    policy: LearnedWeight | None = None,
+) -> WeightTraining:
+    """REINFORCE for DIVERSED's context-dependent weight on the evaluator's (calibration) prompts.
+
+    One episode per prompt: at each draft token that exact verification rejects, the policy
+    draws ``z ~ N(theta . features, sigma^2)`` and blends with ``w = sigmoid(z)``. The reward is
+    CoSpec's (:func:`train_cospec_policy`): the prompt's task metric (oriented by its direction)
+    minus ``step_cost * steps / new_tokens``; the advantage subtracts the epoch's mean reward.
+    The gradient of ``log N(z; mu, sigma)`` is ``(z - mu) / sigma^2 * features``; one update per
+    epoch (a pass over the prompts), averaged over prompts.
+
+    The result is not yet judged: check it with :func:`check_against_dense` (the tuning command
+    does, and falls back to exact when it does not keep the metric).
+
+    Args:
+        epochs: passes over the prompts; each is one evaluation.
+        lr: step size on the weights of :data:`FEATURES`.
+        step_cost: weight of the steps-per-token cost in the reward.
+        sigma: exploration noise in logits.
+        init_weight: the starting ``w`` (bias only) when ``policy`` is not given.
+        policy: the starting policy.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs={epochs}; train for at least 1 epoch")
+    skip = frozenset(int(i) for i in skip)
+    pol = policy or LearnedWeight(init_weight=init_weight, sigma=sigma, seed=seed)
+    sign = 1.0 if evaluator.metric_higher_is_better else -1.0
+    history: list[dict[str, float]] = []
+    try:
+        for epoch in range(epochs):
+            pol.training = True
+            pol.episodes = []
+            r = _with_verifier(evaluator, Verifier(Verification.diversed, weight_policy=pol), skip)
+            if len(pol.episodes) != len(r.prompts):
+                raise RuntimeError(f"{len(pol.episodes)} episodes for {len(r.prompts)} prompts: one per request expected")
+            rewards = [sign * p.score - step_cost * p.steps / max(p.new_tokens, 1) for p in r.prompts]
+            baseline = sum(rewards) / len(rewards)
+            grad = torch.zeros(len(FEATURES), dtype=torch.float64)
+            decisions, w_sum = 0, 0.0
+            for reward, episode in zip(rewards, pol.episodes, strict=True):
+                for feats, z, mu in episode:
+                    grad += (reward - baseline) * (z - mu) / pol.sigma**2 * feats
+                    decisions += 1
+                    w_sum += float(torch.sigmoid(torch.tensor(z)))
+            pol.theta += lr * grad / len(rewards)
+            row = {
+                "epoch": float(epoch),
+                "reward": baseline,
+                "metric": r.metric,
+                "accept_length": r.accept_length,
+                "mean_weight": w_sum / decisions if decisions else float("nan"),
+                "decisions": float(decisions),
+            }
+            history.append(row)
+            log.info("DIVERSED weight REINFORCE epoch %d: reward %.4f metric %.4f A %.3f mean w %.2f (%d decisions)",
+                     epoch, baseline, r.metric, r.accept_length, row["mean_weight"], decisions)
+    finally:
+        pol.training = False
+        pol.episodes = []
+    return WeightTraining(policy=pol, history=history)

@@ -40,10 +40,13 @@ def entry_from_result(
     storage: str = "",
     validation: Mapping[str, Any] | None = None,
     verification: str = "exact",
+    relaxed: Mapping[str, Any] | None = None,
 ) -> MappingEntry:
     """Build the mapping entry of a finished :class:`~tss_opt.search.SearchResult`.
 
     Args:
+        verification: The rule the study measured under (its protocol's label).
+        relaxed: That rule's settings (the study metadata's ``relaxed``), for lossy studies.
         validation: A validation outcome (``ValidationOutcome.to_dict()``, the study's
             ``validation`` user attribute). When given, its ``chosen`` set (or dense) is the
             entry's skip set instead of the search's S*, and the entry records the
@@ -116,6 +119,7 @@ def entry_from_result(
         calibration=calibration,
         validation=val,
         verification=verification,
+        relaxed=dict(relaxed) if relaxed is not None and verification != "exact" else None,
     )
 
 
@@ -171,6 +175,7 @@ def export_mapping(
         storage=storage_url(storage),
         validation=attrs.get("validation"),
         verification=str((metadata.get("protocol") or {}).get("verification", "exact")),
+        relaxed=metadata.get("relaxed"),  # a search under a lossy rule: its settings (study_identity)
     )
     write_entry(path, entry)
     return entry

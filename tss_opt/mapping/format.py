@@ -76,6 +76,13 @@ class MappingEntry:
         verification: The acceptance rule the study measured under: ``exact`` (lossless), or a
             lossy relaxed rule such as ``diversed(w=0.6)`` / ``cospec(...)`` (issue 13), whose
             ``metric`` is to be read beside ``baseline.metric``.
+        relaxed: How to rebuild the lossy rule, and why it was chosen (``None`` for exact
+            entries): ``mode`` (``diversed``/``cospec``) with its settings (``weight``,
+            ``weight_policy``, ``policy``, ``tau_draft``/``tau_target``), and, when it was
+            tuned as a second stage after the skip set (``python -m
+            tss_opt.cli.tune_verification``), ``chosen``, ``skip_set``, ``calibration`` (the
+            figures under that rule beside the dense exact run's, with the paired bound) and
+            ``candidates``. The entry's own ``accept_length``/``metric`` stay the search's.
     """
 
     domain: str
@@ -96,11 +103,21 @@ class MappingEntry:
     calibration: Mapping[str, Any] | None = None
     validation: Mapping[str, Any] | None = None
     verification: str = "exact"
+    relaxed: Mapping[str, Any] | None = None
 
     @property
     def lossy(self) -> bool:
         """True when the entry was searched under a relaxed (lossy) verification rule."""
         return self.verification != "exact"
+
+    @property
+    def metric_change(self) -> float:
+        """The metric under the entry's rule minus the dense (exact) baseline's: a tuned lossy
+        rule's calibration figures when present, else the search's."""
+        cal = (self.relaxed or {}).get("calibration") or {}
+        if "metric_change" in cal:
+            return float(cal["metric_change"])
+        return self.metric - float(self.baseline.get("metric", self.metric))
 
     @property
     def skip(self) -> frozenset[int]:
@@ -133,7 +150,9 @@ class MappingEntry:
         if self.lossy:  # exact entries stay as before; a lossy one says so
             data["verification"] = self.verification
             data["lossy"] = True
-            data["metric_change"] = self.metric - float(self.baseline.get("metric", self.metric))
+            data["metric_change"] = self.metric_change
+            if self.relaxed is not None:
+                data["relaxed"] = _plain(self.relaxed)
         return data
 
 
@@ -208,6 +227,36 @@ class DomainMapping:
         }
 
 
+def _plain(value: Any) -> Any:
+    """Mappings and tuples as plain dicts and lists (what YAML's safe dumper writes)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+RELAXED_MODES = ("diversed", "cospec")
+
+
+def _relaxed(path: Path | None, where: str, value: Any, verification: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _err(path, where, f"expected a mapping, got {value!r}")
+    if value.get("mode") not in RELAXED_MODES:
+        raise _err(path, f"{where}.mode", f"expected one of {', '.join(RELAXED_MODES)}, got {value.get('mode')!r}")
+    if verification == "exact":
+        raise _err(
+            path, where,
+            "a relaxed block in an entry whose verification is exact; set verification to the rule's label or drop the block",
+        )
+    w = value.get("weight")
+    if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0):
+        raise _err(path, f"{where}.weight", f"expected a DIVERSED weight in [0, 1], got {w!r}")
+    return _plain(value)
+
+
 def _err(path: Path | None, where: str, message: str) -> MappingError:
     at = f"{path}" if path else "mapping"
     return MappingError(f"{at}: {where}: {message}")
@@ -279,6 +328,7 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
     if not isinstance(alternatives, list):
         raise _err(path, f"{where}.alternatives", f"expected a list, got {alternatives!r}")
     skip = _layers(path, f"{where}.skip_set", data.get("skip_set"), num_layers)
+    verification = _text(path, f"{where}.verification", data.get("verification", "exact")) or "exact"
     extra: dict[str, Mapping[str, Any] | None] = {}
     for key in ("calibration", "validation"):
         value = data.get(key)
@@ -309,7 +359,8 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
         split=_text(path, f"{where}.split", data.get("split"), optional=True),
         calibration=extra["calibration"],
         validation=extra["validation"],
-        verification=_text(path, f"{where}.verification", data.get("verification", "exact")) or "exact",
+        verification=verification,
+        relaxed=_relaxed(path, f"{where}.relaxed", data.get("relaxed"), verification),
     )
 
 

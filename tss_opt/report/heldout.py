@@ -7,6 +7,11 @@ processes, thermal state and cache effects hit both alike (TSS.md, "Measurement 
 speedup is a ratio of means measured in the same run). Each method keeps one drafter across
 its prompts, as the search's evaluator does, so online-learning drafters see the same history
 under both methods.
+
+A mapping entry with a lossy verification rule (``relaxed``: DIVERSED or CoSpec, issue 13) is
+measured under that rule: native is dense exact verification, the TSS row runs the skip set
+with the entry's rule (its weight or learned policy), and the row is labelled LOSSY with its
+metric change beside its speedup.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from tss_opt.evaluation.decoding.engine import SpeculativeEngine
 from tss_opt.evaluation.decoding.skip import validate_skip
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.evaluation.decoding.verification import (
+    Verifier,
+    refuse_drafter,
+    verifier_from_settings,
+)
 from tss_opt.evaluation.domains import Domain, format_prompt
 from tss_opt.evaluation.evaluator import EvalResult, aggregate
 from tss_opt.report.assessment import domain_verdict, heldout_stats, validation_prediction
@@ -40,6 +50,7 @@ __all__ = [
     "assess",
     "compare_domain",
     "dense_kept_reason",
+    "entry_verifier",
     "measure_native",
     "run_heldout",
     "study_storage",
@@ -72,7 +83,7 @@ def _measure(
     tokenizer: Any,
     drafter_factory: Callable[[], Drafter | None],
     domain: Domain,
-    methods: Sequence[tuple[str, frozenset[int]]],
+    methods: Sequence[tuple[str, frozenset[int], Verifier | None]],
     *,
     prompts: int | None,
     max_new_tokens: int | None,
@@ -82,23 +93,27 @@ def _measure(
     warmup: bool,
     show_progress: bool,
 ) -> list[EvalResult]:
-    """Run the held-out prompts under each of ``methods``, interleaved per prompt."""
+    """Run the held-out prompts under each of ``methods`` (name, skip set, verifier or ``None``
+    for exact), interleaved per prompt."""
     examples = _heldout_examples(domain, prompts)
     max_new = int(max_new_tokens or domain.config.max_new_tokens)
     ids = [format_prompt(tokenizer, ex, domain.config.system_prompt) for ex in examples]
-    engines = {name: SpeculativeEngine(target, drafter_factory(), eos_token_ids=eos_token_ids) for name, _ in methods}
+    engines = {
+        name: SpeculativeEngine(target, drafter_factory(), eos_token_ids=eos_token_ids, verification=v or "exact")
+        for name, _, v in methods
+    }
     if warmup:
-        for _, s in methods:
+        for _, s, v in methods:
             # A separate engine: the warm-up must not feed a learning drafter's history.
-            SpeculativeEngine(target, drafter_factory(), eos_token_ids=eos_token_ids).generate(
+            SpeculativeEngine(target, drafter_factory(), eos_token_ids=eos_token_ids, verification=v or "exact").generate(
                 ids[0], max_new_tokens=WARMUP_TOKENS, skip=s, scope=scope, temperature=temperature, seed=0  # type: ignore[arg-type]
             )
-    outputs: dict[str, list[str]] = {name: [] for name, _ in methods}
-    tokens: dict[str, list[list[int]]] = {name: [] for name, _ in methods}
-    stats: dict[str, list[DecodeStats]] = {name: [] for name, _ in methods}
+    outputs: dict[str, list[str]] = {name: [] for name, _, _ in methods}
+    tokens: dict[str, list[list[int]]] = {name: [] for name, _, _ in methods}
+    stats: dict[str, list[DecodeStats]] = {name: [] for name, _, _ in methods}
     wall = dict.fromkeys(outputs, 0.0)
     for i, p in enumerate(ids):
-        for name, s in methods:
+        for name, s, _ in methods:
             t0 = time.perf_counter()
             res = engines[name].generate(
                 p, max_new_tokens=max_new, skip=s, scope=scope, temperature=temperature, seed=i  # type: ignore[arg-type]
@@ -111,16 +126,18 @@ def _measure(
             line = " | ".join(
                 f"{'native' if name == NATIVE else name} A={stats[name][-1].accept_length:.2f} "
                 f"{stats[name][-1].tokens_per_s:.1f} tok/s"
-                for name, _ in methods
+                for name, _, _ in methods
             )
             log.info("  [%s %d/%d] %s", domain.name, i + 1, len(ids), line)
-    return [
-        aggregate(
+    results = []
+    for name, s, v in methods:
+        res = aggregate(
             s, examples, outputs[name], stats[name], domain.metric, domain.extra_metrics, target.num_layers,
             wall_s=wall[name], tokens=tokens[name],  # tokens: the per-prompt repetition share
         )
-        for name, s in methods
-    ]
+        res.verification = v.describe() if v is not None else "exact"
+        results.append(res)
+    return results
 
 
 def compare_domain(
@@ -137,6 +154,7 @@ def compare_domain(
     eos_token_ids: Sequence[int] = (),
     warmup: bool = True,
     show_progress: bool = True,
+    verification: Verifier | None = None,
 ) -> tuple[EvalResult, EvalResult]:
     """Run ``domain``'s held-out prompts densely and with ``skip``, interleaved per prompt.
 
@@ -152,6 +170,9 @@ def compare_domain(
         scope, temperature, eos_token_ids: As for :class:`SpeculativeEngine`.
         warmup: Run a few untimed tokens under each method first.
         show_progress: Log one line per prompt.
+        verification: The TSS method's acceptance rule (a lossy mapping entry's); ``None`` =
+            exact. Native always runs exact verification (the reference a lossy rule is
+            measured against).
 
     Returns:
         ``(native, tss)`` results, with per-prompt records (accepted length, score, tokens/s,
@@ -162,7 +183,7 @@ def compare_domain(
     """
     skip = validate_skip(skip, target.num_layers)
     native, tss = _measure(
-        target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset()), (TSS, skip)),
+        target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None), (TSS, skip, verification)),
         prompts=prompts, max_new_tokens=max_new_tokens, scope=scope, temperature=temperature,
         eos_token_ids=eos_token_ids, warmup=warmup, show_progress=show_progress,
     )
@@ -187,7 +208,7 @@ def measure_native(
     (comparing dense with itself would cost twice the time and show noise as an effect).
     Arguments as for :func:`compare_domain`."""
     (native,) = _measure(
-        target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset()),),
+        target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None),),
         prompts=prompts, max_new_tokens=max_new_tokens, scope=scope, temperature=temperature,
         eos_token_ids=eos_token_ids, warmup=warmup, show_progress=show_progress,
     )
@@ -203,6 +224,24 @@ def dense_kept_reason(entry: MappingEntry) -> str | None:
     if isinstance(reason, str) and reason:
         return reason.removeprefix("dense kept: ")
     return "the mapping entry's skip set is empty (the search kept dense)"
+
+
+def entry_verifier(entry: MappingEntry) -> Verifier | None:
+    """The acceptance rule a mapping entry is served and measured with: ``None`` for exact,
+    else the lossy rule rebuilt from its ``relaxed`` block (weight, learned weight or policy).
+
+    Raises:
+        ReportError: a lossy entry without the settings that rebuild its rule.
+    """
+    if not entry.lossy:
+        return None
+    if not entry.relaxed:
+        raise ReportError(
+            f"the mapping entry of {entry.domain!r} is lossy ({entry.verification}) but has no 'relaxed' settings to "
+            f"rebuild its rule; run python -m tss_opt.cli.tune_verification +domain={entry.domain} verification=... "
+            "or re-export its study"
+        )
+    return verifier_from_settings(str(entry.relaxed["mode"]), entry.relaxed)
 
 
 def run_heldout(
@@ -229,7 +268,8 @@ def run_heldout(
     """:func:`compare_domain` for each of ``domains`` with the mapping's skip sets, judged.
 
     A domain whose entry keeps dense (empty skip set) runs native only
-    (:func:`measure_native`). Every other domain gets paired intervals
+    (:func:`measure_native`). A lossy entry's TSS row runs under its rule
+    (:func:`entry_verifier`), labelled LOSSY. Every other domain gets paired intervals
     (:func:`tss_opt.report.assessment.heldout_stats`), the validation prediction of its entry
     and a verdict (:func:`tss_opt.report.assessment.domain_verdict`).
 
@@ -251,6 +291,16 @@ def run_heldout(
             f"no mapping entry for domain(s) {', '.join(missing)} in {mapping.path or 'the mapping'}; "
             f"mapped: {', '.join(mapping.domains) or 'none'}. Run their search first or drop them from report_domains"
         )
+    verifiers = {d.name: entry_verifier(mapping.entry_for(d.name)) for d in domains}  # type: ignore[arg-type]
+    lossy = [name for name, v in verifiers.items() if v is not None and mapping.entry_for(name).skip_set]  # type: ignore[union-attr]
+    if lossy:
+        probe = drafter_factory()  # refuse before hours of measurement, not at the lossy domain
+        if not getattr(probe, "gives_distribution", False):
+            err = refuse_drafter(verifiers[lossy[0]].mode, drafter or type(probe).__name__)  # type: ignore[union-attr]
+            raise ReportError(
+                f"the mapping entries of {', '.join(lossy)} are lossy and are measured under their rule: {err} "
+                "(report with the drafter they were tuned with, or report_domains=[...] without them)"
+            )
     report = HeldoutReport(
         model=model_id,
         num_layers=target.num_layers,
@@ -285,7 +335,9 @@ def run_heldout(
         if reason is not None:
             native, tss = measure_native(target, tokenizer, drafter_factory, domain, **common), None
         else:
-            native, tss = compare_domain(target, tokenizer, drafter_factory, domain, entry.skip, **common)
+            native, tss = compare_domain(
+                target, tokenizer, drafter_factory, domain, entry.skip, verification=verifiers[domain.name], **common
+            )
         comp = DomainComparison(
             domain=domain.name,
             metric_name=domain.metric.name,
@@ -296,6 +348,7 @@ def run_heldout(
             entry=entry.to_dict(),
             metric_higher_is_better=domain.metric.higher_is_better,
             dense_kept_reason=reason,
+            verification=tss.verification if tss is not None else "exact",
         )
         assess(comp, level=level, resamples=resamples, seed=seed, eps_metric=eps_metric, relative=relative)
         report.domains.append(comp)
@@ -308,10 +361,11 @@ def run_heldout(
             else:
                 sp = comp.stats.speedup  # type: ignore[union-attr]
                 log.info(
-                    "domain %s done: A %.3f -> %.3f, %s %.4f -> %.4f, %.1f -> %.1f tok/s (%.2fx, %.0f%% interval %.2f-%.2f); %s",
+                    "domain %s done: A %.3f -> %.3f, %s %.4f -> %.4f, %.1f -> %.1f tok/s (%.2fx, %.0f%% interval %.2f-%.2f); %s%s",
                     domain.name, native.accept_length, tss.accept_length, comp.metric_name, native.metric, tss.metric,
                     native.tokens_per_s, tss.tokens_per_s, comp.speedup, 100 * level, sp.lower, sp.upper,
                     comp.verdict.summary,  # type: ignore[union-attr]
+                    f"; LOSSY {comp.verification}: {comp.metric_name} change {comp.metric_change:+.4f}" if comp.lossy else "",
                 )
     report.wall_s = time.perf_counter() - t0
     return report

@@ -43,6 +43,8 @@ class DomainComparison:
         stats: The paired intervals (``None`` when dense is kept).
         prediction: The validation figures of S* from the mapping entry, if any.
         verdict: The issue-10 goal judged on this domain.
+        verification: The TSS row's acceptance rule: ``exact``, or the mapping entry's lossy
+            rule (``diversed(...)``, ``cospec(...)``; issue 13), under which it was measured.
     """
 
     domain: str
@@ -59,6 +61,17 @@ class DomainComparison:
     stats: HeldoutStats | None = None
     prediction: ValidationPrediction | None = None
     verdict: DomainVerdict | None = None
+    verification: str = "exact"
+
+    @property
+    def lossy(self) -> bool:
+        """The TSS row ran a relaxed (lossy) rule: its output is not the target's own."""
+        return self.tss is not None and self.verification != "exact"
+
+    @property
+    def metric_change(self) -> float:
+        """TSS metric minus native's (0.0 when dense is kept); shown beside a lossy row's speedup."""
+        return 0.0 if self.tss is None else self.tss.metric - self.native.metric
 
     @property
     def dense_kept(self) -> bool:

@@ -68,7 +68,11 @@ def table_rows(comp: DomainComparison) -> list[dict[str, Any]]:
             "metric_name": comp.metric_name,
             "tokens_per_s": res.tokens_per_s,
             "speedup": comp.speedup if method == "TSS" else 1.0,
+            "verification": comp.verification if method == "TSS" else "exact",
+            "lossy": comp.lossy and method == "TSS",
         }
+        if row["lossy"]:
+            row["metric_change"] = comp.metric_change
         if method == DENSE_KEPT:
             row["dense_kept_reason"] = comp.dense_kept_reason
         if method == "TSS" and comp.stats is not None:
@@ -91,15 +95,19 @@ def markdown_table(report: HeldoutReport) -> str:
         st = comp.stats
         for r in table_rows(comp):
             k = len(r["skip_set"])
+            lossy = r.get("lossy", False)
+            speedup = f"{_fmt(r['speedup'], '.2f')}×"
+            if lossy:  # a lossy rule's metric change always stands beside its speedup
+                speedup += f" (LOSSY, Δ{r['metric_name']} {_fmt(r['metric_change'], '+.4f')})"
             cells = [
                 r["domain"],
-                r["method"],
+                f"{r['method']} LOSSY {r['verification']}" if lossy else r["method"],
                 format_skip_set(r["skip_set"]),
                 f"{k}/{comp.num_layers} ({100 * r['sparsity']:.1f}%)",
                 _fmt(r["accept_length"], ".3f"),
                 f"{_fmt(r['metric'], '.4f')} ({r['metric_name']})",
                 _fmt(r["tokens_per_s"], ".1f"),
-                f"{_fmt(r['speedup'], '.2f')}×",
+                speedup,
             ]
             if r["method"] == "TSS" and st is not None:
                 cells += [
@@ -155,7 +163,7 @@ def validation_table(report: HeldoutReport) -> str:
             "| "
             + " | ".join(
                 [
-                    comp.domain,
+                    f"{comp.domain} (LOSSY {comp.verification})" if comp.lossy else comp.domain,
                     format_skip_set(comp.tss.skip),
                     val_a,
                     held_a,
@@ -182,9 +190,13 @@ def _calibration_table(report: HeldoutReport) -> str:
     for comp in report.domains:
         e = comp.entry
         base = e.get("baseline", {})
+        # A tuned lossy entry: its calibration figures under the rule (relaxed.calibration).
+        cal = (e.get("relaxed") or {}).get("calibration") or {}
+        if comp.lossy and cal:
+            e = {**e, "accept_length": cal.get("accept_length", e.get("accept_length")), "metric": cal.get("metric", e.get("metric"))}
         tss = comp.tss or comp.native  # dense kept: S* is dense, held-out A(S*) = A0
         lines.append(
-            f"| {comp.domain} | {format_skip_set(tss.skip)} | "
+            f"| {comp.domain}{' (LOSSY)' if comp.lossy else ''} | {format_skip_set(tss.skip)} | "
             f"{_fmt(base.get('accept_length', float('nan')), '.3f')} -> {_fmt(e.get('accept_length', float('nan')), '.3f')} | "
             f"{comp.native.accept_length:.3f} -> {tss.accept_length:.3f} | "
             f"{_fmt(base.get('metric', float('nan')), '.4f')} -> {_fmt(e.get('metric', float('nan')), '.4f')} | "
@@ -217,6 +229,11 @@ def markdown_report(report: HeldoutReport, link_base: str | os.PathLike[str] | N
         f"with a paired percentile bootstrap ({report.resamples} resamples, seed {report.seed}). "
         "ΔMetric is on per-prompt scores (a corpus metric such as BLEU is not their mean).",
         "- domains whose mapping keeps dense ran native only (one row).",
+        *(
+            ["- **LOSSY** rows ran the mapping entry's relaxed verification rule (issue 13; native is dense exact "
+             "verification): their output is not the target's own; their metric change is shown beside the speedup."]
+            if any(c.lossy for c in report.domains) else []
+        ),
         f"- created {report.created}, wall time {_duration(report.wall_s)}",
         "",
         markdown_table(report),
@@ -331,6 +348,9 @@ def report_to_dict(report: HeldoutReport) -> dict[str, Any]:
                 "speedup": c.speedup,
                 "dense_kept": c.dense_kept,
                 "dense_kept_reason": c.dense_kept_reason,
+                "verification": c.verification,
+                "lossy": c.lossy,
+                "metric_change": c.metric_change,
                 "stats": c.stats.to_dict() if c.stats is not None else None,
                 "validation_prediction": c.prediction.to_dict() if c.prediction is not None else None,
                 "verdict": c.verdict.to_dict() if c.verdict is not None else None,

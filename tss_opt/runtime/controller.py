@@ -303,6 +303,15 @@ class TSSController:
                 "may not be the best ones for this drafter (drafter=%s selects it)",
                 drafter, ", ".join(searched), searched[0],
             )
+        lossy = {d: e.verification for d, e in mapping.entries.items() if e.lossy}
+        if lossy:
+            # Entries tuned with a lossy rule (tune_verification) are served with the one
+            # configured rule, not each entry's own: say so rather than silently differ.
+            log.warning(
+                "mapping entries carry lossy rules (%s); the runtime applies verification=%s to every domain "
+                "(set verification=/relaxed.* to serve a lossy rule)",
+                ", ".join(f"{d}: {v}" for d, v in sorted(lossy.items())), cfg.get("verification") or "exact",
+            )
         if with_router is None:
             with_router = not cfg.get("request_domain")
         system_prompts = domain_system_prompts(mapping.domains, cfg.get("domain"))

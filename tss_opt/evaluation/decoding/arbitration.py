@@ -29,6 +29,9 @@ FEATURES: tuple[str, ...] = (
 )
 """The features of a mismatch, in order (entropies divided by ``log(vocab)``, so all lie in [0, 1])."""
 
+KIND = "cospec_policy"
+"""The ``kind`` written into a learned policy's JSON (a DIVERSED weight file has the same features)."""
+
 
 def _entropy(p: torch.Tensor) -> float:
     p = p.double().clamp_min(1e-30)
@@ -145,11 +148,15 @@ class LogisticPolicy(ArbitrationPolicy):
         return keep
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> None:
-        """Write the weights as JSON (``{"features": [...], "theta": [...]}``)."""
-        Path(path).write_text(
-            json.dumps({"features": list(FEATURES), "theta": self.theta.tolist()}, indent=2), encoding="utf-8"
+    def save(self, path: str | Path) -> Path:
+        """Write the weights as JSON (``{"kind": "cospec_policy", "features": [...], "theta": [...]}``)."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(
+            json.dumps({"kind": KIND, "features": list(FEATURES), "theta": self.theta.tolist()}, indent=2),
+            encoding="utf-8",
         )
+        return p
 
     @classmethod
     def load(cls, path: str | Path) -> LogisticPolicy:
@@ -158,6 +165,13 @@ class LogisticPolicy(ArbitrationPolicy):
         if not p.is_file():
             raise TSSError(f"CoSpec policy file {str(p)!r} does not exist; train one (docs/engine.md) or drop the path")
         data = json.loads(p.read_text(encoding="utf-8"))
+        # Files written before the kind existed carry none; a DIVERSED weight has the same
+        # features and must not be read as an arbitration policy.
+        if data.get("kind", KIND) != KIND:
+            raise TSSError(
+                f"{str(p)!r} is not a CoSpec policy (kind {data.get('kind')!r}, expected {KIND!r}); "
+                "a DIVERSED weight goes to relaxed.weight_policy, a CoSpec policy to relaxed.policy"
+            )
         if list(data.get("features", [])) != list(FEATURES):
             raise TSSError(
                 f"CoSpec policy {str(p)!r} was trained on features {data.get('features')}; this version uses "

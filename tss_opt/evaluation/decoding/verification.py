@@ -10,7 +10,10 @@ verification accepts, and more:
   (keep with ``min(1, b(x) / q(x))``, residual ``max(b - q, 0)``). Temperature > 0,
   deterministic drafts: the coupled rule (:func:`accept_coupled`) with the same positional
   uniform drawing from ``p`` and from ``b``; ``x`` is kept when either draw is ``x``. ``w = 1``
-  is exact verification token for token.
+  is exact verification token for token. The weight is one number per domain, or a
+  :class:`~tss_opt.evaluation.decoding.blend_weight.WeightPolicy` that gives ``w`` per draft
+  token from both distributions there (the learned, context-dependent weight); it is asked only
+  where exact verification rejects ``x``.
 - ``cospec``: at the first mismatch of a step an :class:`ArbitrationPolicy` sees features of
   both distributions and keeps the draft's token or the target's; afterwards the exact rule
   continues. :class:`AlwaysTarget` is exact verification token for token.
@@ -21,7 +24,9 @@ residual draw), so the output differs from exact decoding only through kept draf
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,10 +38,11 @@ from tss_opt.evaluation.decoding.arbitration import (
     ThresholdPolicy,
     mismatch_features,
 )
+from tss_opt.evaluation.decoding.blend_weight import WeightPolicy
 from tss_opt.evaluation.decoding.drafter import Drafter
 from tss_opt.evaluation.decoding.tree import DraftTree
 
-DISTRIBUTION_DRAFTERS: tuple[str, ...] = ("draft_model", "self", "t2d")
+DISTRIBUTION_DRAFTERS: tuple[str, ...] = ("draft_model", "self", "t2d", "eagle")
 """Shipped drafters that give a per-node distribution (``DraftTree.probs``): the ones relaxed
 verification accepts. PLD, SAMD and Token Recycling propose tokens without one."""
 
@@ -72,17 +78,24 @@ class Verifier:
         mode: ``exact`` (default, lossless), ``diversed`` or ``cospec`` (lossy).
         weight: DIVERSED's ``w`` in [0, 1] (the target's share of the blend).
         policy: CoSpec's arbitration policy (default: :class:`ThresholdPolicy`).
+        weight_policy: DIVERSED's context-dependent weight; when set it replaces ``weight``.
     """
 
     mode: Verification = Verification.exact
     weight: float = 1.0
     policy: ArbitrationPolicy | None = None
+    weight_policy: WeightPolicy | None = None
 
     def __post_init__(self) -> None:
         self.mode = Verification.parse("verification", self.mode)
         self.weight = check_weight(self.weight)
         if self.mode is Verification.cospec and self.policy is None:
             self.policy = ThresholdPolicy()
+        if self.weight_policy is not None and self.mode is not Verification.diversed:
+            raise RelaxedVerificationError(
+                f"a DIVERSED weight policy was given with verification={self.mode}; it needs verification=diversed "
+                "(drop relaxed.weight_policy for other modes)"
+            )
 
     @property
     def lossy(self) -> bool:
@@ -90,8 +103,10 @@ class Verifier:
         return self.mode is not Verification.exact
 
     def describe(self) -> str:
-        """A short label: ``exact``, ``diversed(w=0.60)``, ``cospec(threshold)``."""
+        """A short label: ``exact``, ``diversed(w=0.60)``, ``diversed(w=learned)``, ``cospec(threshold)``."""
         if self.mode is Verification.diversed:
+            if self.weight_policy is not None:
+                return f"diversed(w={self.weight_policy.name})"
             return f"diversed(w={self.weight:.2f})"
         if self.mode is Verification.cospec:
             return f"cospec({getattr(self.policy, 'name', 'policy')})"
@@ -112,6 +127,25 @@ class Verifier:
     def begin_request(self) -> None:
         if self.policy is not None:
             self.policy.begin_request()
+        if self.weight_policy is not None:
+            self.weight_policy.begin_request()
+
+    def weight_at(self, p: torch.Tensor, q: torch.Tensor, x: int, y: int) -> float:
+        """DIVERSED's ``w`` for draft token ``x`` (``y``: the target's token): the fixed weight,
+        or the weight policy's answer on :func:`mismatch_features`.
+
+        Args:
+            p, q: ``(vocab,)`` the target's and the drafter's distributions at the token.
+        """
+        if self.weight_policy is None:
+            return self.weight
+        w = float(self.weight_policy.weight(mismatch_features(p, q, x, y)))
+        if not 0.0 <= w <= 1.0:  # a user's policy: never let it leave the range silently
+            raise RelaxedVerificationError(
+                f"DIVERSED weight policy {self.weight_policy.name!r} returned w={w}, outside [0, 1]; it must "
+                "return a weight in [0, 1]"
+            )
+        return w
 
     # ------------------------------------------------------------------ acceptance
     def accept(
@@ -146,9 +180,10 @@ class Verifier:
     def _relax(self, p: torch.Tensor, q: torch.Tensor, x: int, want: int, draw) -> bool:  # noqa: ANN001
         """Whether the rejected draft token ``x`` is kept after all (``want``: the target's)."""
         if self.mode is Verification.diversed:
-            if self.weight >= 1.0:
+            w = self.weight_at(p, q, x, want)
+            if w >= 1.0:
                 return False
-            blend = self.weight * p + (1.0 - self.weight) * q
+            blend = w * p + (1.0 - w) * q
             return draw(blend) == x
         if self.mode is Verification.cospec:
             assert self.policy is not None
@@ -213,17 +248,23 @@ class Verifier:
         assert tree.probs is not None
         p = torch.softmax(logits.float() / temperature, dim=-1)  # [n+1, V]
         tokens = tree.tokens.tolist()
-        w = self.weight if self.mode is Verification.diversed else 1.0
+        diversed = self.mode is Verification.diversed
         accepted: list[int] = []
         relaxed, arbitrated = 0, False
         for i, x in enumerate(tokens):
             q = tree.probs[i].float().to(p.device)
-            target = w * p[i] + (1.0 - w) * q if w < 1.0 else p[i]
-            qx, px, bx = float(q[x]), float(p[i, x]), float(target[x])
+            qx, px = float(q[x]), float(p[i, x])
             u = float(torch.rand((), generator=generator))
-            if qx > 0 and u < min(1.0, bx / qx):
+            if qx > 0 and u < min(1.0, px / qx):  # exact speculative sampling keeps x
                 accepted.append(i)
-                relaxed += int(not u < min(1.0, px / qx))
+                continue
+            # Exact rejects x: only now does the blend matter (b(x)/q(x) >= min(1, p(x)/q(x))
+            # for any w in [0, 1], so acceptance never falls below exact's).
+            w = self.weight_at(p[i], q, x, int(p[i].argmax())) if diversed else 1.0
+            target = w * p[i] + (1.0 - w) * q if w < 1.0 else p[i]
+            if qx > 0 and u < min(1.0, float(target[x]) / qx):
+                accepted.append(i)
+                relaxed += 1
                 continue
             residual = (target.clone() - q).clamp_min_(0.0)
             if float(residual.sum()) <= 0:
@@ -239,3 +280,50 @@ class Verifier:
             return accepted, [tokens[j] for j in accepted] + [bonus], relaxed
         bonus = int(torch.multinomial(p[len(tokens)], 1, generator=generator))
         return accepted, tokens + [bonus], relaxed
+
+
+def verifier_from_settings(mode: Verification | str, settings: Mapping[str, Any] | None = None) -> Verifier:
+    """The :class:`Verifier` of ``mode`` with its relaxed ``settings`` (the config's ``relaxed``
+    group, or a mapping entry's ``relaxed`` block).
+
+    Args:
+        mode: ``exact``, ``diversed`` or ``cospec``.
+        settings: ``weight`` (DIVERSED's fixed ``w``, default 0.5), ``weight_policy`` (a learned
+            DIVERSED weight's JSON; replaces ``weight``), ``policy`` (a learned CoSpec policy's
+            JSON), ``tau_draft`` / ``tau_target`` (CoSpec's threshold baseline, 0.6 / 0.15).
+
+    Raises:
+        RelaxedVerificationError: a weight outside [0, 1]; TSSError: a missing or foreign
+            policy file, a threshold outside [0, 1].
+    """
+    from tss_opt.evaluation.decoding.arbitration import LogisticPolicy
+    from tss_opt.evaluation.decoding.blend_weight import LearnedWeight
+
+    mode = Verification.parse("verification", mode)
+    s = dict(settings or {})
+    if mode is Verification.exact:
+        return Verifier(mode)
+    if mode is Verification.diversed:
+        if s.get("weight_policy"):
+            return Verifier(mode, weight_policy=LearnedWeight.load(str(s["weight_policy"])))
+        return Verifier(mode, weight=check_weight(s.get("weight", 0.5)))
+    if s.get("policy"):
+        return Verifier(mode, policy=LogisticPolicy.load(str(s["policy"])))
+    return Verifier(mode, policy=ThresholdPolicy(float(s.get("tau_draft", 0.6)), float(s.get("tau_target", 0.15))))
+
+
+def settings_label(mode: Verification | str, settings: Mapping[str, Any] | None = None) -> str:
+    """The rule's label from its settings, without loading anything: ``exact``,
+    ``diversed(w=0.6)``, ``diversed(weight_policy=PATH)``, ``cospec(policy=PATH)``,
+    ``cospec(tau=0.6,0.15)``. Study protocols and mapping entries carry it."""
+    mode = str(Verification.parse("verification", mode))
+    s = dict(settings or {})
+    if mode == "diversed":
+        if s.get("weight_policy"):
+            return f"diversed(weight_policy={s['weight_policy']})"
+        return f"diversed(w={float(s.get('weight', 0.5)):.4g})"
+    if mode == "cospec":
+        if s.get("policy"):
+            return f"cospec(policy={s['policy']})"
+        return f"cospec(tau={float(s.get('tau_draft', 0.6)):.4g},{float(s.get('tau_target', 0.15)):.4g})"
+    return mode

@@ -315,6 +315,9 @@ class EagleDrafter(Drafter):
             59 draft nodes).
         depth: deepest draft level (EAGLE's ``depth`` + 1: EAGLE-2's depth 5 drafts 6 levels).
         top_k: children per expanded node and nodes expanded per level.
+        return_probs: also attach each node's draft distribution (the head's softmax at its
+            parent, ``DraftTree.probs`` with ``sampled=False``) for relaxed verification
+            (``verification=diversed|cospec`` turns it on); exact verification ignores it.
 
     Features come from the engine: :meth:`prefill_feedback` gives ``f[0..P-1]`` of the
     prompt, every :meth:`update` the rows of the root and the accepted nodes, i.e. exactly the
@@ -325,9 +328,15 @@ class EagleDrafter(Drafter):
 
     needs_prefill_feedback = True
     gives_confidence = True  # the head's softmax probability of each node given its parent
+    gives_distribution = True  # with return_probs: the head's distribution behind every node
 
     def __init__(
-        self, head: EagleHead, total_tokens: int = 60, depth: int = 6, top_k: int = 8
+        self,
+        head: EagleHead,
+        total_tokens: int = 60,
+        depth: int = 6,
+        top_k: int = 8,
+        return_probs: bool = False,
     ) -> None:
         if total_tokens < 2 or depth < 1 or top_k < 1:
             raise ValueError(
@@ -338,6 +347,7 @@ class EagleDrafter(Drafter):
         self.total_tokens = total_tokens
         self.depth = depth
         self.top_k = top_k
+        self.return_probs = return_probs
         p = next(head.parameters())
         self.device, self.dtype = p.device, p.dtype
         self._features: torch.Tensor | None = None  # [m, H]: f[0..m-1]
@@ -422,6 +432,10 @@ class EagleDrafter(Drafter):
         tokens: list[int] = top.indices.tolist()
         parents: list[int] = [-1] * k
         scores: list[float] = top.values.tolist()
+        # return_probs: the distribution each node was drawn from (its parent's row) as an
+        # index into `dists`, rows [V] of log-probabilities.
+        dists: list[torch.Tensor] = [logp[None]] if self.return_probs else []
+        node_dist: list[int] = [0] * k
         # Feeding state of the current level's expanded nodes.
         frontier = list(range(k))
         parent_feature = h_last.unsqueeze(0).expand(k, -1)  # [f, H]
@@ -458,6 +472,9 @@ class EagleDrafter(Drafter):
                 ]
             )  # [f, k]
             first_new = len(tokens)
+            if self.return_probs:
+                node_dist.extend(sum(d.shape[0] for d in dists) + r for r in range(f) for _ in range(k))
+                dists.append(lp)
             tokens.extend(top.indices.reshape(-1).tolist())
             parents.extend(u for u in frontier for _ in range(k))
             scores.extend(cum.reshape(-1).tolist())
@@ -466,10 +483,17 @@ class EagleDrafter(Drafter):
             best = cum.reshape(-1).topk(min(k, f * k)).indices.tolist()
             frontier = [first_new + b for b in best]
             parent_feature = out[[b // k for b in best]]
-        return self._select(tokens, parents, scores)
+        probs = None
+        if self.return_probs:
+            probs = (torch.cat(dists), node_dist)
+        return self._select(tokens, parents, scores, probs)
 
     def _select(
-        self, tokens: list[int], parents: list[int], scores: list[float]
+        self,
+        tokens: list[int],
+        parents: list[int],
+        scores: list[float],
+        probs: tuple[torch.Tensor, list[int]] | None = None,
     ) -> tuple[DraftTree, torch.Tensor]:
         """Keep the best ``total_tokens - 1`` candidates; ties go to the earlier node, so a
         parent (score >= its child's, created first) always precedes its children."""
@@ -486,9 +510,15 @@ class EagleDrafter(Drafter):
         # Scores are cumulative log-probabilities: a node's own (local) probability is
         # exp(score - parent's score).
         local = [scores[u] - (0.0 if parents[u] == -1 else scores[parents[u]]) for u in keep]
+        node_probs = None
+        if probs is not None:  # rows of log-probabilities -> each kept node's distribution
+            rows, node_dist = probs
+            node_probs = rows[[node_dist[u] for u in keep]].float().exp()  # [n, V]
         tree = DraftTree(
             tokens=torch.tensor([tokens[u] for u in keep], dtype=torch.long),
             parents=tuple(-1 if parents[u] == -1 else index[parents[u]] for u in keep),
             confidence=torch.tensor(local, dtype=torch.float64).exp().float(),
+            probs=node_probs,
+            sampled=False,
         )
         return tree, torch.tensor([scores[u] for u in keep], dtype=torch.float64)

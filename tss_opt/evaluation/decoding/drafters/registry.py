@@ -289,6 +289,7 @@ def build_eagle(
     total_tokens: int = 60,
     depth: int = 6,
     top_k: int = 8,
+    return_probs: bool = False,
 ) -> Drafter:
     """EAGLE-1 head from ``path`` (or a random head with ``random_init``), EAGLE-2 tree."""
     from tss_opt.evaluation.decoding.drafters.eagle import (
@@ -306,7 +307,7 @@ def build_eagle(
         )
     else:
         head = _cached_weights(f"path:{path}", lambda: load_eagle_head(path, target.model), target.model)
-    return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k)
+    return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
 
 
 def _build_members(

@@ -1,0 +1,187 @@
+"""Drafters built from the target (issue 12) against the training-free ones, on held-out prompts.
+
+    python benchmarks/drafters.py --domains summarization,translation \\
+        --method pld --method samd --method eagle:random \\
+        --method "eagle:storage/drafters/smollm2_135m/summarization/eagle" ... \\
+        --method "t2d:storage/drafters/smollm2_135m/summarization/t2d" --method "self:storage/drafters/smollm2_135m/summarization/t2d"
+
+A method is ``NAME`` (a shipped drafter config: pld, samd, token_recycle), ``eagle:random`` (a
+random head of the target's shapes), ``eagle:DIR`` (a trained head), ``eagle@DOMAIN:DIR`` (a
+head used on DOMAIN only, e.g. each domain's own head), ``t2d:DIR`` (a T2D drafter) or
+``self:DIR`` (the self-drafter that keeps the same target layers as the T2D drafter in DIR,
+without distillation: what distillation adds). For every domain (held-out prompts) and method,
+dense and combined with the TSS skip set ``--skip`` (scope verify): accepted length
+(committed tokens per verification), the domain's metric, tokens/s (new tokens over decoding
+time; the dense prefill is computed once per prompt and shared) and whether every output
+equals plain greedy decoding of the same target (all are lossless: they must). Methods run in
+a rotated order per prompt so machine drift hits them alike. The training wall time of each
+trained drafter is read from its folder's report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from tss_opt.assembly import assemble, compose_config  # noqa: E402
+from tss_opt.config import config_dir  # noqa: E402
+from tss_opt.evaluation.decoding.drafters import build_drafter  # noqa: E402
+from tss_opt.evaluation.decoding.engine import SpeculativeEngine  # noqa: E402
+from tss_opt.evaluation.decoding.prefill import dense_prefill  # noqa: E402
+from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
+
+REPORT_FILES = ("train_report.json", "t2d_report.json")
+
+
+@dataclass
+class Method:
+    label: str
+    drafter_cfg: dict[str, Any] | None  # None: plain decoding
+    skip: tuple[int, ...]
+    train_s: float | None = None
+    domain: str | None = None  # only on this domain (a domain's own head)
+    drafter: Any = None
+    tps: list[float] = field(default_factory=list)
+    steps: int = 0
+    step_tokens: int = 0
+    texts: list[str] = field(default_factory=list)
+    same: list[bool] = field(default_factory=list)
+
+
+def shipped(name: str, **over: Any) -> dict[str, Any]:
+    cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / f"{name}.yaml"), over)
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    out.pop("train", None)
+    return out
+
+
+def training_seconds(folder: Path) -> float | None:
+    """The training wall time its trainer recorded (``total_s`` / ``wall_s``), if any."""
+    for name in REPORT_FILES:
+        p = folder / name
+        if p.is_file():
+            data = json.loads(p.read_text())
+            for key in ("total_s", "wall_s", "train_s"):
+                if isinstance(data.get(key), (int, float)):
+                    return float(data[key])
+    return None
+
+
+def parse_method(spec: str, num_layers: int) -> tuple[str, dict[str, Any], float | None, str | None]:
+    """``spec`` -> (label, drafter config, training seconds, domain restriction)."""
+    kind, _, arg = spec.partition(":")
+    kind, _, only = kind.partition("@")
+    only_domain = only or None
+    if not arg:
+        return kind, shipped(kind), None, only_domain
+    if kind == "eagle" and arg == "random":
+        return "eagle (random head)", shipped("eagle", random_init=True, path=None), 0.0, only_domain
+    folder = Path(arg)
+    if not folder.is_dir():
+        raise SystemExit(f"--method {spec!r}: {folder} is not a directory; train it first (docs/drafters.md)")
+    if kind == "eagle":
+        return f"eagle ({folder.name if folder.name != 'eagle' else folder.parent.name})", shipped("eagle", path=str(folder)), training_seconds(folder), only_domain
+    report = json.loads((folder / "t2d_report.json").read_text()) if (folder / "t2d_report.json").is_file() else None
+    if kind == "t2d":
+        return f"t2d ({len(report['keep_layers']) if report else '?'} layers)", shipped("t2d", path=str(folder)), training_seconds(folder), only_domain
+    if kind == "self":
+        if report is None:
+            raise SystemExit(f"--method {spec!r}: {folder}/t2d_report.json is missing (self:DIR takes a T2D folder)")
+        keep = set(report["keep_layers"])
+        skip = [i for i in range(num_layers) if i not in keep]
+        return f"self ({len(keep)} layers, no distillation)", shipped("self", skip=skip), 0.0, only_domain
+    raise SystemExit(f"--method {spec!r}: unknown kind {kind!r}; expected a drafter name, eagle:, t2d: or self:")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--domains", default="summarization,translation")
+    ap.add_argument("--split", default="heldout", choices=["calibration", "validation", "heldout"])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--method", action="append", default=None, help="repeatable; see the module docstring")
+    ap.add_argument("--skip", default="", help="a TSS skip set combined with every method (empty: dense only)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    skip = tuple(int(s) for s in args.skip.split(",") if s.strip())
+    rt = assemble(compose_config([f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]))
+    target, tok, eos = rt.target, rt.loaded.tokenizer, rt.eos_token_ids
+    num_layers = int(rt.loaded.config.num_layers)
+    specs = [parse_method(s, num_layers) for s in (args.method or ["pld", "samd", "eagle:random"])]
+    skips = [()] + ([skip] if skip else [])
+    print(
+        f"# Drafter benchmark: {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, {args.dtype}; "
+        f"{args.prompts} {args.split} prompts x {args.max_new_tokens} new tokens per domain; "
+        f"target skip sets {[list(s) for s in skips]} (scope verify)",
+        flush=True,
+    )
+    for dom_name in args.domains.split(","):
+        domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{dom_name}.yaml"))
+        examples = domain.split(args.split)[: args.prompts]
+        methods = [Method("plain decoding", None, s) for s in skips]
+        methods += [
+            Method(label, cfg, s, train_s=t, domain=only)
+            for s in skips
+            for label, cfg, t, only in specs
+            if only is None or only == dom_name
+        ]
+        for m in methods:
+            m.drafter = build_drafter(m.drafter_cfg, target, rt.loaded) if m.drafter_cfg else None
+        t_dom = time.perf_counter()
+        for i, ex in enumerate(examples):
+            ids = format_prompt(tok, ex, domain.config.system_prompt)
+            pre = dense_prefill(target, ids)
+            order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            outs: dict[int, list[int]] = {}
+            for m in order:
+                eng = SpeculativeEngine(target, m.drafter, eos_token_ids=eos)
+                res = eng.generate(ids, max_new_tokens=args.max_new_tokens, skip=m.skip, prefill=pre)
+                s = res.stats
+                m.tps.append(s.new_tokens / s.total_s)
+                m.steps += s.steps
+                m.step_tokens += s.step_tokens
+                m.texts.append(tok.decode(res.tokens, skip_special_tokens=True))
+                outs[id(m)] = res.tokens.tolist()
+            for m in methods:
+                ref = next(r for r in methods if r.drafter_cfg is None and r.skip == m.skip)
+                m.same.append(outs[id(m)] == outs[id(ref)])
+            print(f"  [{dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done", flush=True)
+        refs = [list(ex.references) for ex in examples]
+        metric = domain.metric
+        print(
+            f"\n### {dom_name} ({len(examples)} {args.split} prompts, {args.max_new_tokens} new tokens, "
+            f"metric {metric.name}; {time.perf_counter() - t_dom:.0f} s)"
+        )
+        print(f"| method | target | training | accepted length | {metric.name} | tok/s median | vs plain | identical to plain |")
+        print("|---|---|---:|---:|---:|---:|---:|---|")
+        for m in methods:
+            plain = next(r for r in methods if r.drafter_cfg is None and r.skip == m.skip)
+            al = m.step_tokens / m.steps if m.steps else 1.0
+            score = metric.score(m.texts, refs).value
+            ratio = statistics.median(a / b for a, b in zip(m.tps, plain.tps, strict=True))
+            train = "—" if m.train_s is None else ("0" if m.train_s == 0 else f"{m.train_s / 60:.1f} min")
+            print(
+                f"| {m.label} | {list(m.skip) if m.skip else 'dense'} | {train} | {al:.2f} | {score:.4f} | "
+                f"{statistics.median(m.tps):.2f} | {ratio:.2f}x | {sum(m.same)}/{len(m.same)} |"
+            )
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
