@@ -13,7 +13,7 @@ import pytest
 from tss_opt.evaluation.decoding.drafters import PromptLookupDrafter, SelfDrafter
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
-from tss_opt.mapping import DomainMapping, MappingEntry
+from tss_opt.mapping import DomainMapping, MappingEntry, MappingError
 from tss_opt.report import ReportError, run_heldout, write_report
 from tss_opt.report.heldout import compare_domain, entry_verifier
 
@@ -78,11 +78,27 @@ def test_lossy_entry_is_measured_under_its_rule_and_labelled(tiny, mapping, tmp_
 
 def test_bad_lossy_entries_are_refused_before_measuring(tiny, mapping, tmp_path):
     domains = [_domain(tmp_path, "qa", "token_f1")]
-    with pytest.raises(ReportError, match="lossy.*'pld'.*draft_model, self, eagle"):
+    with pytest.raises(ReportError, match="lossy.*'pld'.*draft_model, self, t2d, eagle"):
         run_heldout(TargetModel(tiny.model), tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=3), mapping,
                     domains, model_id=TINY_ID, drafter="pld", prompts=2, show_progress=False)
     label_only = mapping.with_entry(replace(mapping.entry_for("qa"), relaxed=None))
-    with pytest.raises(ReportError, match="no 'relaxed' settings"):
+    with pytest.raises(MappingError, match="no 'relaxed' settings"):
         entry_verifier(label_only.entry_for("qa"))
     assert entry_verifier(mapping.entry_for("translation")) is None
     assert entry_verifier(mapping.entry_for("qa")).weight == 0.0
+
+
+def test_controller_serves_a_lossy_entry_under_its_rule_and_other_domains_exact(tiny, mapping):
+    from tss_opt.runtime import TSSController
+
+    target = TargetModel(tiny.model)
+    served = TSSController(target, tiny.tokenizer, mapping, _self(tiny), (), model_id=TINY_ID, max_new_tokens=12)
+    qa, tr = served.generate("the cat sat on the mat", "qa"), served.generate("the cat sat on the mat", "translation")
+    assert qa.stats.lossy and qa.stats.verification == "diversed(w=0.00)"
+    assert not tr.stats.lossy and tr.stats.verification == "exact"
+    exact = TSSController(target, tiny.tokenizer, mapping, _self(tiny), (), model_id=TINY_ID, max_new_tokens=12,
+                          entry_rules=False)
+    plain = exact.generate("the cat sat on the mat", "qa")
+    assert not plain.stats.lossy
+    # w = 0 keeps every draft token: it accepts at least as much as exact on the same request.
+    assert qa.stats.accept_length >= plain.stats.accept_length

@@ -113,6 +113,7 @@ class TSSConfig:
     skip: list[int] = field(default_factory=list)
     max_new_tokens: int | None = None
     request_domain: str | None = None  # serve: the request's domain label (None = detect)
+    serve_lossy_entries: bool = True  # serve: a lossy mapping entry under its own rule (false: under verification)
 
     # evaluate
     json_out: str | None = None  # write the aggregate and per_prompt as JSON to this path

@@ -30,10 +30,10 @@ from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.decoding.verification import (
     Verifier,
     refuse_drafter,
-    verifier_from_settings,
 )
 from tss_opt.evaluation.domains import Domain, format_prompt
 from tss_opt.evaluation.evaluator import EvalResult, aggregate
+from tss_opt.mapping.rule import entry_verifier
 from tss_opt.report.assessment import domain_verdict, heldout_stats, validation_prediction
 from tss_opt.report.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level
 from tss_opt.report.results import DomainComparison, HeldoutReport, ReportError
@@ -224,24 +224,6 @@ def dense_kept_reason(entry: MappingEntry) -> str | None:
     if isinstance(reason, str) and reason:
         return reason.removeprefix("dense kept: ")
     return "the mapping entry's skip set is empty (the search kept dense)"
-
-
-def entry_verifier(entry: MappingEntry) -> Verifier | None:
-    """The acceptance rule a mapping entry is served and measured with: ``None`` for exact,
-    else the lossy rule rebuilt from its ``relaxed`` block (weight, learned weight or policy).
-
-    Raises:
-        ReportError: a lossy entry without the settings that rebuild its rule.
-    """
-    if not entry.lossy:
-        return None
-    if not entry.relaxed:
-        raise ReportError(
-            f"the mapping entry of {entry.domain!r} is lossy ({entry.verification}) but has no 'relaxed' settings to "
-            f"rebuild its rule; run python -m tss_opt.cli.tune_verification +domain={entry.domain} verification=... "
-            "or re-export its study"
-        )
-    return verifier_from_settings(str(entry.relaxed["mode"]), entry.relaxed)
 
 
 def run_heldout(

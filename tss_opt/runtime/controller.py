@@ -36,9 +36,10 @@ from tss_opt.evaluation.decoding.engine import SCOPES, SpeculativeEngine
 from tss_opt.evaluation.decoding.skip import validate_skip
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.verification import Verifier
+from tss_opt.evaluation.decoding.verification import DISTRIBUTION_DRAFTERS, Verifier, refuse_drafter
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
+from tss_opt.mapping.rule import entry_verifier
 from tss_opt.runtime.background import BACKGROUND_PROMPTS
 from tss_opt.runtime.router import DomainRouter, RouteDecision, RouterError, domains_fingerprint
 
@@ -116,6 +117,9 @@ class TSSController:
         verification: The acceptance rule: ``"exact"`` (lossless, default) or a relaxed, lossy
             :class:`~tss_opt.evaluation.decoding.verification.Verifier` (DIVERSED, CoSpec);
             every result's ``stats.verification`` / ``stats.lossy`` says which.
+        entry_rules: Serve a domain whose mapping entry carries a lossy rule (written by
+            ``tune_verification``) under that rule (default), rather than under
+            ``verification``. ``False``: every domain under ``verification``.
 
     Raises:
         MappingError: The mapping file is missing or corrupt, or was searched on another
@@ -137,6 +141,7 @@ class TSSController:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         system_prompts: Mapping[str, str | None] | None = None,
         verification: Verifier | str = "exact",
+        entry_rules: bool = True,
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
@@ -161,6 +166,19 @@ class TSSController:
             log.warning("the mapping %s has no domains: every request runs dense", mapping.path or "")
         # Validated once here rather than per request: a bad entry fails at start-up.
         self._skip_sets = {d: validate_skip(e.skip_set, target.num_layers) for d, e in mapping.entries.items()}
+        # Each lossy entry is served under the rule it was tuned with (rebuilt once, here).
+        self._rules: dict[str, Verifier] = {}
+        if entry_rules:
+            for d, e in mapping.entries.items():
+                rule = entry_verifier(e)
+                if rule is not None:
+                    self._rules[d] = rule
+            if self._rules:
+                log.warning(
+                    "serving lossy rules from the mapping (%s): those domains' outputs may differ from the target's own "
+                    "(serve_lossy_entries=false serves them under verification=%s)",
+                    ", ".join(f"{d}: {r.describe()}" for d, r in sorted(self._rules.items())), self.verifier.describe(),
+                )
         self._reported: set[str] = set()
         # The skip state lives on the model, so two requests must not decode at once.
         self._lock = threading.Lock()
@@ -188,6 +206,11 @@ class TSSController:
                 domain, where, ", ".join(self.domains) or "none",
             )
         return frozenset()
+
+    def verifier_for(self, domain: str | None) -> Verifier:
+        """The acceptance rule a request of ``domain`` is served with: its entry's lossy rule
+        (when ``entry_rules``), else the controller's ``verification``."""
+        return self._rules.get(domain, self.verifier) if domain is not None else self.verifier
 
     def resolve(self, prompt_ids: torch.Tensor, domain: str | None) -> tuple[str | None, RouteDecision | None]:
         """The request's domain: its label when given, else the router's decision (``None``:
@@ -252,7 +275,8 @@ class TSSController:
                 ids = self.prompt_ids(prompt, own)
             skip = self.skip_set_for(resolved)
             engine = SpeculativeEngine(
-                self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids, verification=self.verifier
+                self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids,
+                verification=self.verifier_for(resolved),
             )
             res = engine.generate(
                 ids,
@@ -303,15 +327,6 @@ class TSSController:
                 "may not be the best ones for this drafter (drafter=%s selects it)",
                 drafter, ", ".join(searched), searched[0],
             )
-        lossy = {d: e.verification for d, e in mapping.entries.items() if e.lossy}
-        if lossy:
-            # Entries tuned with a lossy rule (tune_verification) are served with the one
-            # configured rule, not each entry's own: say so rather than silently differ.
-            log.warning(
-                "mapping entries carry lossy rules (%s); the runtime applies verification=%s to every domain "
-                "(set verification=/relaxed.* to serve a lossy rule)",
-                ", ".join(f"{d}: {v}" for d, v in sorted(lossy.items())), cfg.get("verification") or "exact",
-            )
         if with_router is None:
             with_router = not cfg.get("request_domain")
         system_prompts = domain_system_prompts(mapping.domains, cfg.get("domain"))
@@ -319,6 +334,12 @@ class TSSController:
         # With no mapped domain every request runs dense: no need to fit a router.
         if with_router and mapping.entries:
             router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id), mapping.domains)
+        entry_rules = bool(cfg.get("serve_lossy_entries", True))
+        drafter_name = str(drafter or "")
+        for d, e in mapping.entries.items():
+            if entry_rules and e.lossy and drafter_name not in DISTRIBUTION_DRAFTERS:
+                raise refuse_drafter(f"{e.verification} (mapping entry {d!r}; serve_lossy_entries=false serves it exact)",
+                                     drafter_name)
         return cls(
             rt.target,
             rt.loaded.tokenizer,
@@ -332,6 +353,7 @@ class TSSController:
             max_new_tokens=int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
             system_prompts=system_prompts,
             verification=build_verifier(cfg, rt.drafter_cfg),
+            entry_rules=entry_rules,
         )
 
 
