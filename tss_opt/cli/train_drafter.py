@@ -1,0 +1,196 @@
+"""``python -m tss_opt.cli.train_drafter +domain=NAME drafter=eagle [train.max_minutes=30]``
+
+Trains a drafter for the loaded target by self-distillation on the domain's training text
+(calibration prompts, extra ``train_data`` records, the target's greedy continuations; never
+validation or held-out prompts) and writes a checkpoint under
+``<train.out_dir>/<model>/<domain>/`` that ``drafter=eagle drafter.checkpoint=PATH`` loads.
+
+``train.general=true`` (no ``+domain``) trains one head on every domain together, saved under
+``<model>/general/``; ``train.domains=[a,b]`` trains one head on those domains, saved under
+``<model>/a+b/``. Settings: ``train.*`` (tss_opt/config/train.py, docs/drafters.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tss_opt.assembly import Assembly, assemble, drafter_config, model_config, require_domain
+from tss_opt.cli.common import EXIT_INTERRUPTED, hydra_entry
+from tss_opt.config.train import TrainSettings
+from tss_opt.errors import UsageError
+
+TRAINABLE = ("eagle", "t2d")
+GENERAL = "general"
+
+
+def train_settings(cfg: DictConfig) -> TrainSettings:
+    """``cfg.train`` as a checked :class:`TrainSettings`."""
+    from tss_opt.training.common import check_settings
+
+    node = cfg.get("train")
+    settings = OmegaConf.to_object(node) if node is not None else TrainSettings()
+    if not isinstance(settings, TrainSettings):  # a plain mapping (configs composed without the schema)
+        settings = TrainSettings(**dict(settings))
+    check_settings(settings)
+    return settings
+
+
+def training_domains(cfg: DictConfig, settings: TrainSettings) -> tuple[str, list[Any]]:
+    """``(label, domains)``: the ``+domain`` alone, or the domains of a multi-domain head.
+
+    Raises:
+        UsageError: no domain chosen, ``+domain`` together with ``train.general`` or
+            ``train.domains``, an unknown domain name.
+    """
+    from tss_opt.config.search_path import domain_config_dirs
+    from tss_opt.evaluation.domains import available_domains, load_domain, read_domain_config
+
+    dirs = domain_config_dirs()
+    known = available_domains(dirs)
+    many = bool(settings.general or settings.domains)
+    if cfg.get("domain") is not None:
+        if many:
+            raise UsageError(
+                "+domain=NAME trains a head for one domain; train.general / train.domains train one head "
+                "on several: give one or the other"
+            )
+        domain = require_domain(cfg)
+        return domain.name, [domain]
+    if not many:
+        raise UsageError(
+            f"no domain chosen; add +domain=NAME (available: {', '.join(known)}), or train.general=true "
+            "for one head on every domain"
+        )
+    names = list(dict.fromkeys(str(n) for n in settings.domains)) or known
+    domains = [load_domain(read_domain_config(n, dirs)) for n in names]
+    label = GENERAL if sorted(names) == sorted(known) else "+".join(names)
+    return label, domains
+
+
+def train_drafter(cfg: DictConfig) -> Any:
+    """Dispatch on ``drafter.name``: ``eagle`` (this module), ``t2d`` (tss_opt.training.t2d)."""
+    settings = train_settings(cfg)
+    drafter = drafter_config(cfg)
+    name = drafter.get("name")
+    if cfg.get("drafter") is None or name not in TRAINABLE:
+        raise UsageError(
+            f"train_drafter trains drafter={' or drafter='.join(TRAINABLE)}; got drafter={name!r}"
+            + (" (the model's default; add drafter=eagle)" if cfg.get("drafter") is None else "")
+        )
+    if name == "eagle":
+        return train_eagle_command(cfg, settings, drafter)
+    # ---- T2D (issue 12, part 2): the lead wires tss_opt.training.t2d.train_t2d in here ----
+    try:
+        from tss_opt.training.t2d import train_t2d  # type: ignore[import-not-found]
+    except ModuleNotFoundError as e:
+        if e.name not in ("tss_opt.training.t2d",):
+            raise
+        raise UsageError(
+            "drafter=t2d cannot be trained in this installation (tss_opt.training.t2d is missing); "
+            "train_drafter supports here: drafter=eagle"
+        ) from e
+    return train_t2d(cfg)  # TODO(lead): final signature of train_t2d
+
+
+def _probe_prompts(domains: list[Any], tokenizer: Any, n: int) -> list[Any]:
+    """``n`` calibration prompts, round-robin over the domains (never validation/held out)."""
+    from tss_opt.evaluation.domains import format_prompt
+
+    queues = [d.split("calibration") for d in domains]
+    out = []
+    i = 0
+    while len(out) < n and any(queues):
+        q = queues[i % len(queues)]
+        if q:
+            ex = q.pop(0)
+            out.append(format_prompt(tokenizer, ex, domains[i % len(queues)].config.system_prompt))
+        i += 1
+    return out
+
+
+def train_eagle_command(cfg: DictConfig, settings: TrainSettings, drafter: dict[str, Any], runtime: Assembly | None = None) -> Any:
+    """Prepare the text, extract features, train, print a summary; returns the result."""
+    from tss_opt.models import as_model_config, model_id_for
+    from tss_opt.training import (
+        TrainingInterrupted,
+        build_training_text,
+        domain_text,
+        extract_features,
+        train_eagle,
+    )
+
+    label, domains = training_domains(cfg, settings)
+    # Collect the text before loading the model: a domain without training text fails fast.
+    texts = [domain_text(d, settings.sources, settings.extra_prompts) for d in domains]
+    rt = runtime or assemble(cfg)
+    model_name = rt.loaded.config.name
+    base = Path(settings.out_dir) / model_name
+    out = base / label
+    t0 = time.perf_counter()
+    text = build_training_text(
+        rt.target, rt.loaded.tokenizer, texts, settings, rt.eos_token_ids,
+        cache_dir=base / ".cache", model_key=model_id_for(as_model_config(model_config(cfg))),
+    )
+    features = extract_features(rt.target, text.sequences, progress=settings.progress)
+    prep_s = time.perf_counter() - t0
+    print(f"training text: {text.describe()}; {features.num_pairs} pairs; prepared in {prep_s:.1f} s")
+    probes = _probe_prompts(domains, rt.loaded.tokenizer, settings.probe_prompts)
+    metadata = {
+        "model": model_name,
+        "model_id": rt.loaded.model_id,
+        "domains": [d.name for d in domains],
+        "label": label,
+        "data": text.counts,
+        "pairs": features.num_pairs,
+        "drafter": {k: drafter.get(k) for k in ("total_tokens", "depth", "top_k")},
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    try:
+        res = train_eagle(
+            rt.target, features, settings, out, probe_prompts=probes, drafter_settings=drafter,
+            eos_token_ids=rt.eos_token_ids, metadata=metadata,
+        )
+    except TrainingInterrupted as e:
+        print(
+            f"interrupted at step {e.steps}; the checkpoint {e.checkpoint} holds the head as of then "
+            "(loadable); add train.resume=true to the same command to continue from it",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    print(format_summary(res, label, model_name, len(probes), settings))
+    return res
+
+
+def format_summary(res: Any, label: str, model: str, n_probe: int, settings: TrainSettings) -> str:
+    def a(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    start = "resumed head" if settings.resume and res.total_steps != res.steps else "random head"
+    rows = [
+        ("steps", f"{res.steps}" + (f" ({res.total_steps} in all)" if res.total_steps != res.steps else "")),
+        ("wall time", f"{res.seconds:.1f} s ({res.seconds / max(res.steps, 1):.2f} s/step, probes included)"),
+        ("training pairs/s", f"{res.pairs_per_s:.0f}"),
+        ("loss (fixed rows)", f"{res.initial.loss:.4f} -> {res.final.loss:.4f}"),
+        ("token accuracy", f"{res.initial.accuracy:.3f} -> {res.final.accuracy:.3f}"),
+        (
+            "probe accepted length",
+            f"{start} {a(res.probe_before)} -> trained {a(res.probe_after)} "
+            f"({n_probe} calibration prompts x {settings.probe_tokens} tokens)",
+        ),
+        ("checkpoint", f"{res.checkpoint}"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    lines = [f"EAGLE head for {model} on {label}:"] + [f"  {k:<{w}}  {v}" for k, v in rows]
+    lines.append(f"use it with: drafter=eagle drafter.checkpoint={res.checkpoint}")
+    return "\n".join(lines)
+
+
+main = hydra_entry(train_drafter)
+
+if __name__ == "__main__":
+    main()
