@@ -71,7 +71,7 @@ def settings(**kw: object) -> TrainSettings:
     """Small, deterministic training settings for the tiny model."""
     base = TrainSettings(
         max_minutes=None, max_steps=60, lr=3e-3, warmup_steps=5, batch_size=4, seq_len=64,
-        continuation_tokens=48, generation_batch=4, probe_every=0, checkpoint_every=0,
+        continuation_tokens=48, probe_every=0, checkpoint_every=0,
         probe_prompts=3, probe_tokens=32, progress=False,
     )
     return replace(base, **kw)

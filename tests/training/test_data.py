@@ -12,6 +12,7 @@ from conftest import EOS, EXTRA, TOY, settings, write_toy_domain
 from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir
+from tss_opt.evaluation.decoding.engine import SpeculativeEngine
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import (
     Domain,
@@ -24,6 +25,7 @@ from tss_opt.models import LoadedModel
 from tss_opt.training import TrainingDataError, build_training_text, domain_text
 from tss_opt.training import data as data_mod
 from tss_opt.training.data import greedy_continuations
+from tss_opt.training.features import extract_features
 
 SHIPPED = available_domains([config_dir()])
 
@@ -116,32 +118,54 @@ def test_continuations_are_the_plain_targets_greedy_tokens(tiny64: LoadedModel) 
     assert [c.numel() for c in greedy_continuations(tiny64.model, prompts, 0)] == [0] * 5
 
 
+@pytest.mark.parametrize("batch", [1, 4])
 def test_training_text_is_formatted_prompts_plus_continuations(
-    tiny64: LoadedModel, target64: TargetModel, toy_domain: Domain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    batch: int, tiny64: LoadedModel, target64: TargetModel, toy_domain: Domain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dt = domain_text(toy_domain, ["calibration", "extra"])
-    s = settings(continuation_tokens=12)
+    s = settings(continuation_tokens=12, generation_batch=batch)
     text = build_training_text(target64, tiny64.tokenizer, [dt], s, [EOS], cache_dir=tmp_path, model_key="m")
     assert len(text.sequences) == 6 + 6
+    engine = SpeculativeEngine(target64, None, eos_token_ids=[EOS])
     for ex, seq, n in zip(dt.examples, text.sequences, text.prompt_lengths):
         ids = format_prompt(tiny64.tokenizer, ex)
-        assert seq[:n].tolist() == ids.tolist() and 0 < seq.numel() - n <= 12
-    assert text.counts["toy"] == {"calibration": 6, "extra": 6, "dropped": 0, "too_long": 0, "generated": sum(int(q.numel()) - n for q, n in zip(text.sequences, text.prompt_lengths))}
-    assert text.num_pairs == text.num_tokens - len(text.sequences)
+        assert seq[:n].tolist() == ids.tolist()
+        # The continuation is the target's greedy one; the engine path keeps all but the
+        # newest token (it has no feature yet).
+        want = engine.generate(ids, max_new_tokens=12).tokens.tolist()
+        assert seq[n:].tolist() == (want if batch > 1 else want[:-1])
+    generated = sum(int(q.numel()) - n for q, n in zip(text.sequences, text.prompt_lengths))
+    assert text.counts["toy"] == {"calibration": 6, "extra": 6, "dropped": 0, "too_long": 0, "generated": generated}
+    assert text.features.num_pairs == text.num_pairs == text.num_tokens - len(text.sequences)
     assert "6 calibration + 6 extra prompts" in text.describe()
+    # Features and labels equal a fresh forward of the dense target over the whole sequences.
+    fresh = extract_features(target64, text.sequences)
+    torch.testing.assert_close(text.features.features, fresh.features, rtol=1e-6, atol=1e-6)
+    assert torch.equal(text.features.labels, fresh.labels) and torch.equal(text.features.tokens, fresh.tokens)
 
     # A second build reads the cache and generates nothing; other settings miss it.
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("generated again")
 
     monkeypatch.setattr(data_mod, "greedy_continuations", boom)
+    monkeypatch.setattr(data_mod, "greedy_features", boom)
     again = build_training_text(target64, tiny64.tokenizer, [dt], s, [EOS], cache_dir=tmp_path, model_key="m")
     assert [q.tolist() for q in again.sequences] == [q.tolist() for q in text.sequences]
+    assert torch.equal(again.features.features, text.features.features)
     with pytest.raises(AssertionError, match="generated again"):
-        build_training_text(target64, tiny64.tokenizer, [dt], settings(continuation_tokens=13), [EOS], cache_dir=tmp_path, model_key="m")
+        build_training_text(target64, tiny64.tokenizer, [dt], settings(continuation_tokens=13, generation_batch=batch), [EOS], cache_dir=tmp_path, model_key="m")
     with pytest.raises(AssertionError, match="generated again"):
         build_training_text(target64, tiny64.tokenizer, [dt], s, [EOS], cache_dir=tmp_path, model_key="other model")
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".pt"]
+
+
+def test_prompt_only_text(tiny64: LoadedModel, target64: TargetModel, toy_domain: Domain) -> None:
+    dt = domain_text(toy_domain, ["calibration"])
+    text = build_training_text(target64, tiny64.tokenizer, [dt], settings(continuation_tokens=0), [EOS])
+    assert text.sequences[0].tolist() == format_prompt(tiny64.tokenizer, dt.calibration[0]).tolist()
+    fresh = extract_features(target64, text.sequences)
+    torch.testing.assert_close(text.features.features, fresh.features, rtol=1e-6, atol=1e-6)
+    assert torch.equal(text.features.labels, fresh.labels)
 
 
 def test_prompts_too_long_for_the_model_are_left_out(tiny64: LoadedModel, toy_domain: Domain) -> None:

@@ -34,7 +34,6 @@ from tss_opt.training import (
     check_settings,
     domain_text,
     evaluate_loss,
-    extract_features,
     probe_accept_length,
     train_eagle,
     write_atomically,
@@ -46,8 +45,7 @@ TREE = {"total_tokens": 12, "depth": 4, "top_k": 3}
 @pytest.fixture(scope="module")
 def features(tiny64: LoadedModel, target64: TargetModel, toy_domain: Domain) -> FeatureSet:
     dt = domain_text(toy_domain, ["calibration", "extra"])
-    text = build_training_text(target64, tiny64.tokenizer, [dt], settings(), [EOS])
-    return extract_features(target64, text.sequences)
+    return build_training_text(target64, tiny64.tokenizer, [dt], settings(), [EOS]).features
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +105,7 @@ def test_trained_head_lowers_loss_and_raises_accepted_length(trained: EagleTrain
     assert trained.probe_before is not None and trained.probe_after is not None
     assert trained.probe_before < 1.3  # a random head accepts (almost) nothing
     assert trained.probe_after > trained.probe_before + 0.5
-    assert [h["step"] for h in trained.history] == [0, 30, 60, 60]  # before, probe, probe, end
+    assert [h["step"] for h in trained.history] == [0, 30, 60]  # before, probes (the last is the end)
 
 
 def test_training_is_deterministic(target64: TargetModel, features: FeatureSet, tmp_path: Path) -> None:

@@ -116,13 +116,7 @@ def _probe_prompts(domains: list[Any], tokenizer: Any, n: int) -> list[Any]:
 def train_eagle_command(cfg: DictConfig, settings: TrainSettings, drafter: dict[str, Any], runtime: Assembly | None = None) -> Any:
     """Prepare the text, extract features, train, print a summary; returns the result."""
     from tss_opt.models import as_model_config, model_id_for
-    from tss_opt.training import (
-        TrainingInterrupted,
-        build_training_text,
-        domain_text,
-        extract_features,
-        train_eagle,
-    )
+    from tss_opt.training import TrainingInterrupted, build_training_text, domain_text, train_eagle
 
     label, domains = training_domains(cfg, settings)
     # Collect the text before loading the model: a domain without training text fails fast.
@@ -136,7 +130,7 @@ def train_eagle_command(cfg: DictConfig, settings: TrainSettings, drafter: dict[
         rt.target, rt.loaded.tokenizer, texts, settings, rt.eos_token_ids,
         cache_dir=base / ".cache", model_key=model_id_for(as_model_config(model_config(cfg))),
     )
-    features = extract_features(rt.target, text.sequences, progress=settings.progress)
+    features = text.features
     prep_s = time.perf_counter() - t0
     print(f"training text: {text.describe()}; {features.num_pairs} pairs; prepared in {prep_s:.1f} s")
     probes = _probe_prompts(domains, rt.loaded.tokenizer, settings.probe_prompts)

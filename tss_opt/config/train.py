@@ -46,7 +46,10 @@ class TrainSettings:
             all.
         continuation_tokens: greedy tokens the plain target generates after every prompt
             (the text the drafter will be asked to predict); 0 = prompts only.
-        generation_batch: prompts per batched generation.
+        generation_batch: 1 (default): each prompt is decoded by the engine (lossless prompt
+            lookup) and the features are read off its forwards, one pass per prompt; > 1:
+            batched ``generate`` of that many prompts, then a second forward for the features
+            (faster on a GPU).
         checkpoint_every: steps between checkpoints (one is always written at the end and on
             Ctrl-C); 0 = only at the end.
         probe_every: steps between accepted-length probes (one runs before training, on the
@@ -78,7 +81,7 @@ class TrainSettings:
     sources: list[str] = field(default_factory=lambda: list(TRAIN_SOURCES))
     extra_prompts: int | None = 256
     continuation_tokens: int = 64
-    generation_batch: int = 8
+    generation_batch: int = 1
     checkpoint_every: int = 100
     probe_every: int = 200
     probe_prompts: int = 2

@@ -12,9 +12,14 @@ The text of a domain is
   the text the drafter will be asked to predict at run time.
 
 Every prompt is chat-formatted exactly as the evaluator formats it (``format_prompt``), so the
-head sees the token sequences it will draft on. Generated sequences are cached per domain
-(``<cache_dir>/<domain>-<key>.pt``), keyed by the model, the prompts and the settings: a
-second run, or the ``general`` head after the per-domain ones, skips the generation.
+head sees the token sequences it will draft on. With ``generation_batch: 1`` (the default) each
+prompt is decoded by the engine (lossless prompt-lookup drafting) and the target's features are
+read off those very forwards (:func:`~tss_opt.training.features.greedy_features`): one pass
+per prompt. With a larger batch, continuations come from batched ``generate`` (faster on a
+GPU) and the features from a second forward (:func:`~tss_opt.training.features.extract_features`).
+Sequences, features and labels are cached per domain (``<cache_dir>/<domain>-<key>.pt``),
+keyed by the model, the prompts and the settings: a second run, or the ``general`` head after
+the per-domain ones, skips all of it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 from tss_opt.evaluation.domains import Domain, Example, format_prompt, read_examples
 from tss_opt.training.common import TrainingDataError
+from tss_opt.training.features import FeatureSet, extract_features, greedy_features
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -48,7 +54,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("tss_opt.training")
-CACHE_VERSION = 1  # bump when the cached content changes meaning
+CACHE_VERSION = 2  # bump when the cached content changes meaning
 
 
 @dataclass
@@ -133,17 +139,20 @@ def domain_text(domain: Domain, sources: Sequence[str], extra_prompts: int | Non
 
 @dataclass
 class TrainingText:
-    """Token sequences to train on: each a prompt followed by the target's continuation.
+    """Token sequences to train on (each a prompt followed by the target's continuation) and
+    the target's features of them.
 
     Attributes:
         sequences: ``torch.LongTensor`` of shape ``(n_i,)`` each, on the CPU.
         prompt_lengths: prompt tokens at the start of each sequence.
+        features: the target's features and greedy labels of every token (float32, CPU).
         counts: what went in, per domain: prompts from calibration / extra, dropped
             records, prompts too long for the model, generated tokens.
     """
 
     sequences: list[torch.Tensor]
     prompt_lengths: list[int]
+    features: FeatureSet
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
@@ -245,6 +254,7 @@ def _cache_key(model_key: str, dt: DomainText, settings: TrainSettings, system_p
         "domain": dt.domain.name,
         "system_prompt": system_prompt,
         "continuation_tokens": settings.continuation_tokens,
+        "batched": settings.generation_batch > 1,
         "examples": [[e.id, e.prompt] for e in dt.examples],
     }
     h.update(json.dumps(spec, sort_keys=True).encode())
@@ -257,7 +267,8 @@ def _domain_sequences(
     dt: DomainText,
     settings: TrainSettings,
     eos_token_ids: Sequence[int],
-) -> tuple[list[torch.Tensor], list[int], dict[str, int]]:
+) -> dict[str, Any]:
+    """Sequences, features, labels and counts of one domain (what the cache holds)."""
     system = dt.domain.config.system_prompt
     prompts: list[torch.Tensor] = []
     counts = {"calibration": 0, "extra": 0, "dropped": dt.dropped, "too_long": 0, "generated": 0}
@@ -270,14 +281,34 @@ def _domain_sequences(
                 continue
             prompts.append(ids)
             counts[part] += 1
-    pad = getattr(tokenizer, "pad_token_id", None)
-    conts = greedy_continuations(
-        target.model, prompts, settings.continuation_tokens, settings.generation_batch,
-        eos_token_ids, pad, progress=settings.progress,
-    )
-    counts["generated"] = sum(int(c.numel()) for c in conts)
-    seqs = [torch.cat([p, c]) for p, c in zip(prompts, conts)]
-    return seqs, [int(p.numel()) for p in prompts], counts
+    n_new = settings.continuation_tokens
+    if settings.generation_batch > 1:
+        pad = getattr(tokenizer, "pad_token_id", None)
+        conts = greedy_continuations(
+            target.model, prompts, n_new, settings.generation_batch, eos_token_ids, pad, progress=settings.progress
+        )
+        seqs = [torch.cat([p, c]) for p, c in zip(prompts, conts)]
+        fs = extract_features(target, seqs, progress=settings.progress)
+        feats = list(fs.features.split([int(q.numel()) for q in seqs]))
+        labels = list(fs.labels.split([int(q.numel()) for q in seqs]))
+    else:
+        seqs, feats, labels = [], [], []
+        bar = _bar(len(prompts), f"{dt.domain.name}: continuations and features", settings.progress)
+        for p in prompts:
+            q, f, lab = greedy_features(target, p, n_new, eos_token_ids)
+            seqs.append(q)
+            feats.append(f)
+            labels.append(lab)
+            bar.update(1)
+        bar.close()
+    counts["generated"] = sum(int(q.numel()) - int(p.numel()) for p, q in zip(prompts, seqs))
+    return {
+        "sequences": seqs,
+        "prompt_lengths": [int(p.numel()) for p in prompts],
+        "features": feats,
+        "labels": labels,
+        "counts": counts,
+    }
 
 
 def build_training_text(
@@ -289,12 +320,13 @@ def build_training_text(
     cache_dir: str | Path | None = None,
     model_key: str = "",
 ) -> TrainingText:
-    """Format every example, generate its continuation with the plain target, cache per domain.
+    """Format every example, continue it with the plain (dense) target, keep the target's
+    features; cached per domain.
 
     Args:
-        target: the (dense) target; its skip set is not applied here.
+        target: the target; no skip set is applied (the features are the dense target's).
         texts: one :class:`DomainText` per domain.
-        cache_dir: where generated sequences are cached (``None``: no cache).
+        cache_dir: where each domain's result is cached (``None``: no cache).
         model_key: identifies the model in the cache key (e.g. ``model_id_for``).
 
     Raises:
@@ -302,6 +334,8 @@ def build_training_text(
     """
     sequences: list[torch.Tensor] = []
     lengths: list[int] = []
+    feats: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
     counts: dict[str, dict[str, int]] = {}
     for dt in texts:
         name = dt.domain.name
@@ -310,28 +344,29 @@ def build_training_text(
             key = _cache_key(model_key, dt, settings, dt.domain.config.system_prompt)
             path = Path(cache_dir) / f"{name}-{key}.pt"
         if path is not None and path.is_file():
-            cached = torch.load(path, weights_only=True)
-            seqs, lens, c = cached["sequences"], cached["prompt_lengths"], cached["counts"]
-            log.info("domain %s: %d training sequences from the cache %s", name, len(seqs), path)
+            part = torch.load(path, weights_only=True)
+            log.info("domain %s: %d training sequences from the cache %s", name, len(part["sequences"]), path)
         else:
             t0 = time.perf_counter()
-            seqs, lens, c = _domain_sequences(target, tokenizer, dt, settings, eos_token_ids)
+            part = _domain_sequences(target, tokenizer, dt, settings, eos_token_ids)
             log.info(
-                "domain %s: %d prompts continued by %d tokens in %.1f s",
-                name, len(seqs), settings.continuation_tokens, time.perf_counter() - t0,
+                "domain %s: %d prompts continued by up to %d tokens, features kept, in %.1f s",
+                name, len(part["sequences"]), settings.continuation_tokens, time.perf_counter() - t0,
             )
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(".tmp")
-                torch.save({"sequences": seqs, "prompt_lengths": lens, "counts": c}, tmp)
+                torch.save(part, tmp)
                 tmp.replace(path)  # atomic: an interrupted save leaves no half file behind
-        sequences += seqs
-        lengths += lens
-        counts[name] = c
+        sequences += part["sequences"]
+        lengths += part["prompt_lengths"]
+        feats += part["features"]
+        labels += part["labels"]
+        counts[name] = part["counts"]
     if not sequences:
         raise TrainingDataError(
             f"no training sequence fits the model's {target.max_context} positions "
             f"(with train.continuation_tokens={settings.continuation_tokens}); lower "
             "train.continuation_tokens or use a model with a longer context"
         )
-    return TrainingText(sequences, lengths, counts)
+    return TrainingText(sequences, lengths, FeatureSet.from_sequences(sequences, feats, labels), counts)

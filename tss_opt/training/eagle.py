@@ -336,7 +336,7 @@ def train_eagle(
         }
 
     with frozen(target.model):
-        initial = evaluate_loss(head, eval_batches, settings)
+        initial = last_eval = evaluate_loss(head, eval_batches, settings)
         probe_before = probe()
         record(0, 0.0, initial, probe_before)
         budget = Budget.of(settings)
@@ -368,7 +368,8 @@ def train_eagle(
                 postfix.update(loss=f"{last.loss:.3f}", acc=f"{last.accuracy:.2f}")
                 if settings.probe_every and step % settings.probe_every == 0:
                     a = probe()
-                    record(done_before + step, budget.elapsed, evaluate_loss(head, eval_batches, settings), a)
+                    last_eval = evaluate_loss(head, eval_batches, settings)
+                    record(done_before + step, budget.elapsed, last_eval, a)
                     if a is not None:
                         postfix["A"] = f"{a:.2f}"
                 if settings.checkpoint_every and step % settings.checkpoint_every == 0:
@@ -381,9 +382,12 @@ def train_eagle(
             raise TrainingInterrupted(checkpoint_dir, done_before + step) from None
         bar.close()
         seconds = budget.elapsed
-        final = evaluate_loss(head, eval_batches, settings)
-        probe_after = probe()
-        record(done_before + step, seconds, final, probe_after)
+        if history[-1]["step"] == done_before + step:  # the last probe ran at this very step
+            final, probe_after = last_eval, history[-1]["accept_length"]
+        else:
+            final = evaluate_loss(head, eval_batches, settings)
+            probe_after = probe()
+            record(done_before + step, seconds, final, probe_after)
         save_checkpoint(head, checkpoint_dir, meta(step, seconds, final))
     return EagleTrainResult(
         steps=step,

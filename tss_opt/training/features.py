@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.evaluation.decoding.tree import DraftTree
+
 if TYPE_CHECKING:
     from tss_opt.evaluation.decoding.target import TargetModel
 
-__all__ = ["Batch", "FeatureSet", "extract_features"]
+__all__ = ["Batch", "FeatureSet", "extract_features", "greedy_features"]
 
 
 @dataclass
@@ -49,6 +52,32 @@ class FeatureSet:
     pair_src: torch.Tensor
     pair_seq: torch.Tensor
     pair_pos: torch.Tensor
+
+    @classmethod
+    def from_sequences(
+        cls, sequences: Sequence[torch.Tensor], features: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]
+    ) -> FeatureSet:
+        """Concatenate per-sequence tokens ``(n_i,)``, features ``(n_i, H)`` and labels
+        ``(n_i,)`` and index their pairs (``n_i - 1`` per sequence)."""
+        src, seq_id, pos = [], [], []
+        start = 0
+        for k, s in enumerate(sequences):
+            n = int(s.numel())
+            if features[k].shape[0] != n or labels[k].shape[0] != n:
+                raise ValueError(f"sequence {k}: {n} tokens but {features[k].shape[0]} features, {labels[k].shape[0]} labels")
+            n_pairs = max(n - 1, 0)  # pair j needs t[j+1], f[j+1] and its label
+            src.append(torch.arange(n_pairs) + start)
+            seq_id.append(torch.full((n_pairs,), k, dtype=torch.long))
+            pos.append(torch.arange(n_pairs))
+            start += n
+        return cls(
+            tokens=torch.cat([torch.as_tensor(s, dtype=torch.long).reshape(-1) for s in sequences]),
+            features=torch.cat([f.float() for f in features]),
+            labels=torch.cat([torch.as_tensor(lab, dtype=torch.long) for lab in labels]),
+            pair_src=torch.cat(src),
+            pair_seq=torch.cat(seq_id),
+            pair_pos=torch.cat(pos),
+        )
 
     @property
     def num_pairs(self) -> int:
@@ -170,24 +199,82 @@ def extract_features(
             for r, i in enumerate(batch):
                 h = hidden[r, : int(seqs[i].numel())]  # [n, H]
                 feats[i] = h.float().cpu()
-                # Greedy labels in slices: logits of a whole batch would be tokens x vocab.
-                labels[i] = torch.cat([lm_head(h[k : k + 1024]).argmax(-1).cpu() for k in range(0, h.shape[0], 1024)])
+                labels[i] = _greedy_labels(lm_head, h)
             bar.update(sum(int(seqs[i].numel()) for i in batch))
     bar.close()
-    starts = [0]
-    for s in seqs:
-        starts.append(starts[-1] + int(s.numel()))
-    src, seq_id, pos = [], [], []
-    for k, s in enumerate(seqs):
-        n_pairs = max(int(s.numel()) - 1, 0)  # pair j needs t[j+1], f[j+1] and its label
-        src.append(torch.arange(n_pairs) + starts[k])
-        seq_id.append(torch.full((n_pairs,), k, dtype=torch.long))
-        pos.append(torch.arange(n_pairs))
-    return FeatureSet(
-        tokens=torch.cat(seqs),
-        features=torch.cat(feats),
-        labels=torch.cat(labels),
-        pair_src=torch.cat(src),
-        pair_seq=torch.cat(seq_id),
-        pair_pos=torch.cat(pos),
-    )
+    return FeatureSet.from_sequences(seqs, feats, labels)
+
+
+def _greedy_labels(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """``argmax lm_head(hidden)`` in slices (logits of all rows at once would be rows x vocab)."""
+    return torch.cat([lm_head(hidden[k : k + 1024]).argmax(-1).cpu() for k in range(0, hidden.shape[0], 1024)])
+
+
+class _FeatureRecorder(Drafter):
+    """Wraps a drafter and keeps the target's hidden rows of every committed token, as
+    :class:`EagleDrafter` does: the prompt's from the prefill, then per step the root's and
+    the accepted nodes' rows (every committed token but the newest)."""
+
+    needs_prefill_feedback = True
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.rows: list[torch.Tensor] = []
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self.rows = []
+        self.inner.reset(prompt_ids)
+
+    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.rows = [hidden]
+        if self.inner.needs_prefill_feedback:
+            self.inner.prefill_feedback(prompt_ids, logits, hidden)
+
+    def propose(self, context: torch.Tensor) -> DraftTree:
+        return self.inner.propose(context)
+
+    def update(self, feedback: VerifyFeedback) -> None:
+        self.rows.append(feedback.hidden[[0, *(i + 1 for i in feedback.accepted)]])
+        self.inner.update(feedback)
+
+
+@torch.inference_mode()
+def greedy_features(
+    target: TargetModel, prompt: torch.Tensor, max_new_tokens: int, eos_token_ids: Sequence[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The dense target's greedy continuation of ``prompt`` and the features of the whole
+    sequence, in one pass: the features are read off the engine's own forwards (prefill and
+    verification, as the drafter sees them at run time), so no second forward is needed.
+
+    Decoding drafts with prompt lookup, which is lossless: the continuation is exactly the
+    target's greedy one (what the evaluator generates).
+
+    Args:
+        prompt: ``torch.LongTensor`` of shape ``(P,)``.
+        max_new_tokens: continuation length (fewer when EOS comes first); 0 = prompt only.
+
+    Returns:
+        ``(tokens, features, labels)``: ``tokens`` of shape ``(n,)`` = the prompt and the
+        continuation without its last token (the newest committed token has no feature yet);
+        ``features`` of shape ``(n, H)`` (float32, CPU); ``labels`` of shape ``(n,)``, the
+        target's greedy token after each one.
+    """
+    from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
+    from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+
+    prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).cpu()
+    P = int(prompt.numel())
+    if max_new_tokens < 1:
+        with target.skip(()):
+            _, hidden = target.prefill(prompt, target.new_cache())
+        return prompt, hidden.float().cpu(), _greedy_labels(target.lm_head, hidden)
+    recorder = _FeatureRecorder(PromptLookupDrafter(num_tokens=10))
+    out = SpeculativeEngine(target, recorder, eos_token_ids=eos_token_ids).generate(prompt, max_new_tokens=max_new_tokens)
+    cont = out.tokens
+    n = P + int(cont.numel()) - 1
+    hidden = torch.cat(recorder.rows)[:n]  # rows past the budget or EOS are dropped
+    tokens = torch.cat([prompt, cont])
+    # Labels: the prompt's rows through lm_head (its last one is the first committed token);
+    # after the prompt, the next committed token is the greedy one.
+    labels = torch.cat([_greedy_labels(target.lm_head, hidden[:P]), cont[1:]])
+    return tokens[:n], hidden.float().cpu(), labels
