@@ -104,3 +104,20 @@ def test_t2d_dispatch_without_the_module(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "tss_opt.training.t2d", None)  # import fails: not built here
     with pytest.raises(UsageError, match=r"drafter=t2d cannot be trained in this installation .*supports here: drafter=eagle"):
         train_drafter(cfg)
+
+
+def test_drafter_checkpoint_names_the_output_and_resume_continues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "my_head"
+    base = [
+        "+model=tiny", "+domain=qa", "drafter=eagle", f"drafter.checkpoint={out}", "train.max_steps=3",
+        "train.extra_prompts=0", "train.continuation_tokens=8", "train.probe_prompts=0", "train.progress=false",
+        "train.seq_len=32",
+    ]
+    res = train_drafter(_compose(base))
+    assert res.checkpoint == out and (out / "pytorch_model.bin").is_file()
+    assert (tmp_path / "storage" / "drafters" / "tiny" / ".cache").is_dir()  # the text cache stays under out_dir
+    assert not (tmp_path / "storage" / "drafters" / "tiny" / "qa").exists()
+    res = train_drafter(_compose([*base, "train.resume=true"]))
+    assert (res.steps, res.total_steps) == (3, 6)
+    assert "steps                  3 (6 in all)" in capsys.readouterr().out

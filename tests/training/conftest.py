@@ -1,30 +1,22 @@
-"""Fixtures of the training tests: a float64 tiny target, a toy domain with extra training
-records, its training text and features, and a head trained on them for a few steps."""
+"""Fixtures of the training tests: a float64 tiny target and a toy domain with extra training
+records. Helpers live in training_support.py."""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from training_support import EXTRA, write_toy_domain
 
-from tss_opt.config.train import TrainSettings
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Domain, load_domain
 from tss_opt.models import LoadedModel, ModelConfig, load_model
 
 # The independent greedy references of the decoding tests (tests/decoding/reference.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decoding"))
-
-EOS = 258
-# Short, repetitive sentences: the tiny random model's continuations of them loop, so a head
-# can learn them in a few dozen steps and the accepted length rises deterministically.
-TOY = [f"the {a} sat on the {b}. the {a} sat on the {b}." for a in ("cat", "dog", "fox", "owl") for b in ("mat", "log", "hat")]
-EXTRA = [f"a {a} and a {b} and a {a} and a {b}." for a in ("bee", "ant", "elk") for b in ("cow", "pig")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,32 +38,8 @@ def target64(tiny64: LoadedModel) -> TargetModel:
     return TargetModel(tiny64.model)
 
 
-def write_toy_domain(folder: Path, extra: list[str] | None = None) -> dict:
-    """A 12-record domain (6 calibration, 2 validation, 4 held out) and its train_data file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    data = folder / "toy.jsonl"
-    data.write_text("".join(json.dumps({"id": f"t{i}", "prompt": p, "references": ["x"]}) + "\n" for i, p in enumerate(TOY)))
-    cfg = {
-        "name": "toy", "data": str(data), "metric": "token_f1", "max_new_tokens": 16,
-        "pool_size": 12, "calibration_size": 6, "validation_size": 2, "heldout_size": 4,
-    }
-    if extra is not None:
-        train = folder / "toy_train.jsonl"
-        train.write_text("".join(json.dumps({"id": f"e{i}", "prompt": p}) + "\n" for i, p in enumerate(extra)))
-        cfg["train_data"] = str(train)
-    return cfg
-
-
 @pytest.fixture(scope="module")
 def toy_domain(tmp_path_factory: pytest.TempPathFactory) -> Domain:
     return load_domain(write_toy_domain(tmp_path_factory.mktemp("toy"), EXTRA))
 
 
-def settings(**kw: object) -> TrainSettings:
-    """Small, deterministic training settings for the tiny model."""
-    base = TrainSettings(
-        max_minutes=None, max_steps=60, lr=3e-3, warmup_steps=5, batch_size=4, seq_len=64,
-        continuation_tokens=48, probe_every=0, checkpoint_every=0,
-        probe_prompts=3, probe_tokens=32, progress=False,
-    )
-    return replace(base, **kw)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EOS, EXTRA, TOY, settings, write_toy_domain
 from omegaconf import OmegaConf
+from training_support import EOS, EXTRA, TOY, settings, write_toy_domain
 
 from tss_opt.config import config_dir
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EOS, settings
 from reference import greedy_dense_prefill, greedy_no_cache
+from training_support import EOS, settings
 
 from tss_opt.evaluation.decoding.drafters import (
     DrafterConfigError,

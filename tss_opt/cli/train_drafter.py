@@ -7,7 +7,8 @@ validation or held-out prompts) and writes a checkpoint under
 
 ``train.general=true`` (no ``+domain``) trains one head on every domain together, saved under
 ``<model>/general/``; ``train.domains=[a,b]`` trains one head on those domains, saved under
-``<model>/a+b/``. Settings: ``train.*`` (tss_opt/config/train.py, docs/drafters.md).
+``<model>/a+b/``. ``drafter.checkpoint=PATH`` writes the checkpoint to PATH instead.
+Settings: ``train.*`` (tss_opt/config/train.py, docs/drafters.md).
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ def train_eagle_command(cfg: DictConfig, settings: TrainSettings, drafter: dict[
     rt = runtime or assemble(cfg)
     model_name = rt.loaded.config.name
     base = Path(settings.out_dir) / model_name
-    out = base / label
+    # drafter.checkpoint (or its older name path), when given, names the output directory.
+    given = [v for v in (drafter.get("checkpoint"), drafter.get("path")) if v and v != "???"]
+    out = Path(str(given[0])) if given else base / label
     t0 = time.perf_counter()
     text = build_training_text(
         rt.target, rt.loaded.tokenizer, texts, settings, rt.eos_token_ids,

@@ -340,6 +340,9 @@ def train_eagle(
         probe_before = probe()
         record(0, 0.0, initial, probe_before)
         budget = Budget.of(settings)
+        log.info(
+            "training an EAGLE head on %d pairs for %s -> %s", features.num_pairs, budget.describe(), checkpoint_dir
+        )
         budget.start()
         step, pairs, last = 0, 0, initial
         from tqdm.auto import tqdm
