@@ -43,7 +43,13 @@ from tss_opt.evaluation.decoding.drafters.eagle import (
     save_eagle_head,
 )
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.training.common import Budget, check_settings, frozen, write_atomically
+from tss_opt.training.common import (
+    Budget,
+    TrainingSettingsError,
+    check_settings,
+    frozen,
+    write_atomically,
+)
 from tss_opt.training.features import Batch, FeatureSet
 
 if TYPE_CHECKING:
@@ -298,6 +304,8 @@ def train_eagle(
         done_before = int(prior.get("total_steps", 0))
         log.info("resuming from %s (%d steps)", checkpoint_dir, done_before)
     else:
+        if settings.resume:
+            log.warning("train.resume=true but %s holds no checkpoint: starting from a random head", checkpoint_dir)
         head = random_eagle_head(target.model, seed=settings.seed)
         done_before = 0
     # Master weights in float32 whatever the target's dtype (bfloat16 updates lose small steps).
@@ -357,8 +365,8 @@ def train_eagle(
                 for g in opt.param_groups:
                     g["lr"] = lr
                 loss, last = eagle_loss(head, batch, settings, lm, gen)
-                if not math.isfinite(last.loss):
-                    raise FloatingPointError(
+                if not math.isfinite(last.loss):  # the last checkpoint (if any) stays as it was
+                    raise TrainingSettingsError(
                         f"the loss became {last.loss} at step {step + 1}; lower train.lr (now {settings.lr})"
                     )
                 opt.zero_grad(set_to_none=True)
