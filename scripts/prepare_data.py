@@ -9,6 +9,12 @@ Run once by a developer, never at run time (the package must work without the so
 file is a pool of exactly 80 records ``{"id", "prompt", "references", ...extra fields}``; the
 selection is deterministic (seed 42), so rerunning the script reproduces the files byte for byte.
 ``ATTRIBUTION.md`` is written next to them with each file's source, license and derivation.
+
+It also writes ``tss_opt/data/train/<domain>.jsonl``: extra records for training drafters
+(``python -m tss_opt.cli.train_drafter``), drawn from the same sources but disjoint from every
+domain's pool (no record, and no question text, of any pool), so that a drafter trained on them
+never sees a validation or held-out prompt. Only qa (more NQ-open dev questions) and mmlu (more
+MMLU test questions) have such text; the Spec-Bench categories hold exactly their 80 prompts.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from typing import Any
 
 POOL_SIZE = 80
 SEED = 42
+# Extra training records per domain (tss_opt/data/train/): enough for a CPU training budget,
+# small enough to ship (about 230 KB for qa, 350 KB for mmlu).
+TRAIN_SIZES = {"qa": 1000, "mmlu": 300}
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_OUT = REPO_ROOT / "tss_opt" / "data"
@@ -160,6 +169,32 @@ def build_qa(rows: list[dict[str, Any]], nq: list[dict[str, Any]]) -> list[dict[
     return records
 
 
+def build_qa_train(
+    nq: list[dict[str, Any]], pools: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Extra qa training records: NQ-open dev questions outside the qa pool whose text appears
+    in no pool prompt of any domain (rag prompts quote Natural Questions), spelled as the pool's."""
+    used = {int(r["id"].rsplit("-", 1)[1]) for r in pools["qa"]}
+    pool_text = "\n".join(r["prompt"].lower() for records in pools.values() for r in records)
+    rest = [
+        i
+        for i in range(len(nq))
+        if i not in used and _question_key(nq[i]["question"]) not in pool_text
+    ]
+    chosen = sorted(random.Random(SEED).sample(rest, TRAIN_SIZES["qa"]))
+    print(f"qa train: {len(rest)} NQ-open dev questions outside every pool, {len(chosen)} drawn")
+    return [
+        {
+            "id": f"qa-train-nq-dev-{index}",
+            "prompt": _as_spec_bench_question(nq[index]["question"]),
+            "references": list(nq[index]["answer"]),
+            "source": "nq_open",
+            "nq_question": nq[index]["question"],
+        }
+        for index in chosen
+    ]
+
+
 def mmlu_prompt(subject: str, question: str, choices: Iterable[str]) -> str:
     """The MMLU user message: subject line, question, lettered choices, answer instruction."""
     lines = [
@@ -172,8 +207,9 @@ def mmlu_prompt(subject: str, question: str, choices: Iterable[str]) -> str:
     return "\n".join(lines)
 
 
-def build_mmlu(mmlu_dir: Path) -> list[dict[str, Any]]:
-    """MMLU: 80 rows drawn with ``random.Random(42)`` from all test rows of the sorted CSV files."""
+def read_mmlu(mmlu_dir: Path) -> list[tuple[str, int, list[str]]]:
+    """All MMLU test rows ``(subject, row index, [question, A, B, C, D, answer])`` of the sorted
+    CSV files."""
     rows: list[tuple[str, int, list[str]]] = []
     for path in sorted(mmlu_dir.glob("*_test.csv")):
         subject = path.name[: -len("_test.csv")]
@@ -184,29 +220,53 @@ def build_mmlu(mmlu_dir: Path) -> list[dict[str, Any]]:
                         f"{path}:{row_index + 1}: expected question,A,B,C,D,answer; got {row!r}"
                     )
                 rows.append((subject, row_index, row))
+    return rows
+
+
+def _mmlu_record(rows: list[tuple[str, int, list[str]]], i: int, prefix: str = "mmlu") -> dict[str, Any]:
+    subject, row_index, row = rows[i]
+    question, choices, answer = row[0], row[1:5], row[5]
+    return {
+        "id": f"{prefix}-{subject}-{row_index}",
+        "prompt": mmlu_prompt(subject, question, choices),
+        "references": [answer],
+        "question": question,
+        "choices": choices,
+        "subject": subject,
+    }
+
+
+def build_mmlu(mmlu_dir: Path) -> list[dict[str, Any]]:
+    """MMLU: 80 rows drawn with ``random.Random(42)`` from all test rows of the sorted CSV files."""
+    rows = read_mmlu(mmlu_dir)
     chosen = sorted(random.Random(SEED).sample(range(len(rows)), POOL_SIZE))
-    records = []
-    for i in chosen:
-        subject, row_index, row = rows[i]
-        question, choices, answer = row[0], row[1:5], row[5]
-        records.append(
-            {
-                "id": f"mmlu-{subject}-{row_index}",
-                "prompt": mmlu_prompt(subject, question, choices),
-                "references": [answer],
-                "question": question,
-                "choices": choices,
-                "subject": subject,
-            }
-        )
+    records = [_mmlu_record(rows, i) for i in chosen]
     print(f"mmlu: {len(rows)} rows, {len({r['subject'] for r in records})} subjects in the sample")
     return records
 
 
-def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    """Writes one JSON object per line (UTF-8, no ASCII escaping), checking the pool size."""
-    if len(records) != POOL_SIZE or len({r["id"] for r in records}) != POOL_SIZE:
-        raise SystemExit(f"{path.name}: {len(records)} records / unique ids, expected {POOL_SIZE}")
+def build_mmlu_train(mmlu_dir: Path, pool: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Extra mmlu training records: test rows outside the pool whose question text differs
+    from every pool question (MMLU repeats some questions across rows and subjects)."""
+    rows = read_mmlu(mmlu_dir)
+    pool_ids = {r["id"] for r in pool}
+    pool_questions = {r["question"].strip().lower() for r in pool}
+    rest = [
+        i
+        for i, (subject, row_index, row) in enumerate(rows)
+        if f"mmlu-{subject}-{row_index}" not in pool_ids
+        and row[0].strip().lower() not in pool_questions
+    ]
+    # A separate stream from the pool's draw (seed + 1): the pool's selection stays as it was.
+    chosen = sorted(random.Random(SEED + 1).sample(rest, TRAIN_SIZES["mmlu"]))
+    print(f"mmlu train: {len(rest)} rows outside the pool, {len(chosen)} drawn")
+    return [_mmlu_record(rows, i, prefix="mmlu-train") for i in chosen]
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]], size: int = POOL_SIZE) -> None:
+    """Writes one JSON object per line (UTF-8, no ASCII escaping), checking the record count."""
+    if len(records) != size or len({r["id"] for r in records}) != size:
+        raise SystemExit(f"{path.name}: {len(records)} records / unique ids, expected {size}")
     with path.open("w", encoding="utf-8", newline="\n") as fh:
         for record in records:
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -259,6 +319,24 @@ DERIVATIONS = {
 }
 
 
+TRAIN_DERIVATIONS = {
+    "qa": (
+        ["nq_open"],
+        f"{TRAIN_SIZES['qa']} NQ-open dev records drawn with `random.Random(42).sample` (kept in "
+        "file order) from those that are not in `qa.jsonl` and whose question (lower-cased, "
+        "without `?`) occurs in no prompt of any shipped pool (rag prompts quote Natural "
+        "Questions); spelled as `qa.jsonl` (first letter capitalised, `?` appended). Derived "
+        "from CC BY-SA 3.0 data, so this file is distributed under CC BY-SA 3.0.",
+    ),
+    "mmlu": (
+        ["mmlu"],
+        f"{TRAIN_SIZES['mmlu']} MMLU test rows drawn with `random.Random(43).sample` (kept in file "
+        "order) from the rows that are not in `mmlu.jsonl` and whose question text differs from "
+        "every question of `mmlu.jsonl`; same fields and prompt as `mmlu.jsonl`.",
+    ),
+}
+
+
 def write_attribution(out_dir: Path, input_digests: dict[str, str]) -> None:
     """Writes ATTRIBUTION.md: per output file its source, license, derivation and checksums."""
     lines = [
@@ -288,6 +366,25 @@ def write_attribution(out_dir: Path, input_digests: dict[str, str]) -> None:
         licenses = " + ".join(SOURCES[s][1] for s in sources)
         lines += [
             f"### `{name}.jsonl`",
+            "",
+            f"- Source: {', '.join(sources)}; license: {licenses}.",
+            f"- Size: {path.stat().st_size} bytes; sha256 `{sha256(path)}`.",
+            f"- Derivation: {how}",
+            "",
+        ]
+    lines += [
+        "## Drafter training text (`train/`)",
+        "",
+        "Extra records of the qa and mmlu domains for `python -m tss_opt.cli.train_drafter`",
+        "(the domain configs' `train_data`), disjoint from every pool above: none of them is a",
+        "calibration, validation or held-out prompt of any domain (a test checks this).",
+        "",
+    ]
+    for name, (sources, how) in TRAIN_DERIVATIONS.items():
+        path = out_dir / "train" / f"{name}.jsonl"
+        licenses = " + ".join(SOURCES[s][1] for s in sources)
+        lines += [
+            f"### `train/{name}.jsonl`",
             "",
             f"- Source: {', '.join(sources)}; license: {licenses}.",
             f"- Size: {path.stat().st_size} bytes; sha256 `{sha256(path)}`.",
@@ -332,6 +429,15 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name}.jsonl: {len(records)} records, {(args.out / f'{name}.jsonl').stat().st_size} bytes"
         )
+    train = {
+        "qa": build_qa_train(nq, pools),
+        "mmlu": build_mmlu_train(inputs["mmlu"], pools["mmlu"]),
+    }
+    (args.out / "train").mkdir(exist_ok=True)
+    for name, records in train.items():
+        path = args.out / "train" / f"{name}.jsonl"
+        write_jsonl(path, records, size=TRAIN_SIZES[name])
+        print(f"train/{name}.jsonl: {len(records)} records, {path.stat().st_size} bytes")
     digests = {
         "spec_bench": sha256(inputs["spec_bench"]),
         "nq_open": sha256(inputs["nq_open"]),

@@ -7,6 +7,7 @@ from tss_opt.config.model import ModelConfig, TinyConfig
 from tss_opt.config.paths import config_dir
 from tss_opt.config.schema import SearchPreset, TSSConfig, register_configs
 from tss_opt.config.search import Mode, SearchSettings, Selection
+from tss_opt.config.train import TrainSettings
 
 __all__ = [
     "Cost",
@@ -20,6 +21,7 @@ __all__ = [
     "StrEnum",
     "TSSConfig",
     "TinyConfig",
+    "TrainSettings",
     "Verification",
     "config_dir",
     "register_configs",

@@ -35,6 +35,10 @@ class DomainConfig:
             written, disjoint from calibration.
         heldout_size: Prompts used for reports only, disjoint from the other two.
         shuffle_seed: ``random.Random`` seed of the pool shuffle that defines the splits.
+        train_data: Optional extra records for training drafters (``train_drafter``), in the
+            format of ``data`` and formatted with the same template; they must be disjoint
+            from the pool (records equal to a validation or held-out prompt are dropped).
+            ``None``: the domain's training text is its calibration prompts only.
     """
 
     name: str
@@ -51,3 +55,4 @@ class DomainConfig:
     validation_size: int = 16
     heldout_size: int = 48
     shuffle_seed: int = 42
+    train_data: str | None = None

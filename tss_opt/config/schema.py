@@ -15,6 +15,7 @@ from tss_opt.config.domain import DomainConfig
 from tss_opt.config.enums import Cost, Scope, Verification
 from tss_opt.config.model import ModelConfig
 from tss_opt.config.search import SearchSettings
+from tss_opt.config.train import TrainSettings
 
 
 @dataclass
@@ -131,6 +132,9 @@ class TSSConfig:
 
     # compare: search strategies run on one domain with one budget (search.max_trials)
     strategies: list[str] = field(default_factory=list)
+    # train_drafter: budget, optimiser, data and probe (tss_opt/config/train.py)
+    train: TrainSettings = field(default_factory=TrainSettings)
+
     # sweep: tolerances in the paper's sign (-0.05 allows a 5 % drop, +0.05 requires a 5 % gain)
     sweep_tolerances: list[float] = field(default_factory=lambda: [0.05, 0.0, -0.05, -0.10, -0.20])
 

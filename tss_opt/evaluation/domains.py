@@ -55,6 +55,7 @@ __all__ = [
     "format_prompt",
     "load_domain",
     "read_domain_config",
+    "read_examples",
 ]
 
 BUILTIN_PREFIX = "builtin:"
@@ -404,6 +405,34 @@ def load_domain(cfg: DomainConfig | Mapping[str, Any]) -> Domain:
             )
         pool.append(example)
     return Domain(config, pool, source=label)
+
+
+def read_examples(data: str, config: DomainConfig | Mapping[str, Any]) -> list[Example]:
+    """Reads records from ``data`` (any ``data`` source) as examples of the domain ``config``:
+    formatted with its ``prompt_template``, references read when present (never required).
+
+    For text beside the pool, such as ``train_data`` (drafter training); the pool itself is
+    :func:`load_domain`'s.
+
+    Raises:
+        DomainError: unreadable, empty or malformed data (naming the file and line), a record
+            the template cannot format, duplicate ids.
+    """
+    config = _to_config(config)
+    label, records = _read_records(data, config.name)
+    out: list[Example] = []
+    first_line: dict[str, int] = {}
+    for line, record in records:
+        where = f"{label}:{line}"
+        example = _make_example(record, where, config, line)
+        if example.id in first_line:
+            raise DomainError(
+                f"{where}: duplicate id {example.id!r} (first at line {first_line[example.id]}); "
+                "ids must be unique within a file."
+            )
+        first_line[example.id] = line
+        out.append(example)
+    return out
 
 
 def format_prompt(

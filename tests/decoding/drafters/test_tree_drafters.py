@@ -310,8 +310,8 @@ def test_registry_errors(tiny: LoadedModel, tiny_target: TargetModel) -> None:
         DrafterConfigError, match=r"does not take setting\(s\) num_token.*num_tokens"
     ):
         build_drafter({"name": "pld", "num_token": 3}, tiny_target, tiny)
-    with pytest.raises(DrafterConfigError, match=r"'eagle' needs drafter.path"):
-        build_drafter(_drafter_cfg("eagle"), tiny_target, tiny)  # path: ??? and random_init false
+    with pytest.raises(DrafterConfigError, match=r"'eagle' needs drafter.checkpoint"):
+        build_drafter(_drafter_cfg("eagle"), tiny_target, tiny)  # checkpoint: ??? and random_init false
     with pytest.raises(ValueError, match=r"non-empty draft skip set \(drafter.skip\)"):
         build_drafter(_drafter_cfg("self"), tiny_target, tiny)  # skip: ???
     with pytest.raises(DrafterConfigError, match="cannot be imported"):

@@ -39,6 +39,9 @@ from tss_opt.evaluation.decoding.tree import DraftTree
 CONFIG_FILE = "config.json"
 WEIGHTS_BIN = "pytorch_model.bin"
 WEIGHTS_SAFETENSORS = "model.safetensors"
+# Written beside a checkpoint by tss_opt.training (the target it was trained for, its data);
+# the loader reads only the target's name from it, to say which model a misfit head is for.
+TRAINING_FILE = "training.json"
 # Keys an EAGLE-1 checkpoint may carry that the head does not own: it uses the target's.
 _TARGET_OWNED = ("embed_tokens.weight",)
 
@@ -219,6 +222,30 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     )
 
 
+def trained_for(directory: str | Path) -> str | None:
+    """The target model a checkpoint was trained for (``training.json``'s ``model``), if any."""
+    try:
+        meta = json.loads((Path(directory) / TRAINING_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    model = meta.get("model") if isinstance(meta, dict) else None
+    return str(model) if model else None
+
+
+def warn_other_model(directory: str | Path, model_name: str) -> None:
+    """Log a warning when a (fitting) checkpoint says it was trained for another model: two
+    models may share shapes, and a head trained for one drafts poorly for the other."""
+    import logging
+
+    other = trained_for(directory)
+    if other is not None and other != model_name:
+        logging.getLogger("tss_opt").warning(
+            "EAGLE head %s was trained for model %r, not for the target %r; its shapes fit, but "
+            "expect a low accepted length (train one with python -m tss_opt.cli.train_drafter)",
+            directory, other, model_name,
+        )
+
+
 def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
     """Load an EAGLE-1 head checkpoint for ``target_model``.
 
@@ -234,8 +261,9 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
     directory = Path(directory)
     if not directory.is_dir():
         raise EagleHeadError(
-            f"EAGLE head directory {directory} not found; set drafter.path to a local copy of an EAGLE-1 "
-            "checkpoint (config.json + pytorch_model.bin), or drafter.random_init=true for a random head"
+            f"EAGLE head directory {directory} not found; set drafter.checkpoint to a local copy of an EAGLE-1 "
+            "checkpoint (config.json + pytorch_model.bin; python -m tss_opt.cli.train_drafter writes one), "
+            "or drafter.random_init=true for a random head"
         )
     cfg_path = directory / CONFIG_FILE
     if not cfg_path.is_file():
@@ -253,9 +281,12 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
     t_vocab, t_hidden = (int(s) for s in embed.weight.shape)
     config = LlamaConfig.from_dict(cfg_dict)
     if config.hidden_size != t_hidden or config.vocab_size != t_vocab:
+        other = trained_for(directory)
         raise EagleHeadError(
             f"{cfg_path}: the head has hidden_size={config.hidden_size}, vocab_size={config.vocab_size} but the "
-            f"target has hidden_size={t_hidden}, vocab_size={t_vocab}; use a head trained for this target model"
+            f"target has hidden_size={t_hidden}, vocab_size={t_vocab}"
+            + (f" (the head was trained for model {other!r})" if other else "")
+            + "; use a head trained for this target model (python -m tss_opt.cli.train_drafter)"
         )
     config._attn_implementation = "sdpa"
 

@@ -283,6 +283,7 @@ def build_samd(
 def build_eagle(
     target: TargetModel,
     loaded: LoadedModel,
+    checkpoint: str | None = None,
     path: str | None = None,
     random_init: bool = False,
     seed: int = 0,
@@ -291,22 +292,32 @@ def build_eagle(
     top_k: int = 8,
     return_probs: bool = False,
 ) -> Drafter:
-    """EAGLE-1 head from ``path`` (or a random head with ``random_init``), EAGLE-2 tree."""
+    """EAGLE-1 head from ``checkpoint`` (``path`` is its older name, still accepted), or a
+    random head with ``random_init``; EAGLE-2 tree."""
     from tss_opt.evaluation.decoding.drafters.eagle import (
         EagleDrafter,
         load_eagle_head,
         random_eagle_head,
+        warn_other_model,
     )
 
+    given = [v for v in (checkpoint, path) if v and v != MISSING]
+    if len(given) == 2 and str(checkpoint) != str(path):
+        raise DrafterConfigError(
+            f"drafter 'eagle' got drafter.checkpoint={checkpoint!r} and drafter.path={path!r}; "
+            "path is the older name of checkpoint: give only drafter.checkpoint"
+        )
     if random_init:
         head = _cached_weights(f"random:{seed}", lambda: random_eagle_head(target.model, seed=seed), target.model)
-    elif not path or path == MISSING:
+    elif not given:
         raise DrafterConfigError(
-            "drafter 'eagle' needs drafter.path (a directory with config.json + pytorch_model.bin), "
-            "or drafter.random_init=true for a random head"
+            "drafter 'eagle' needs drafter.checkpoint (a directory with config.json + pytorch_model.bin, "
+            "e.g. one written by python -m tss_opt.cli.train_drafter), or drafter.random_init=true for a random head"
         )
     else:
-        head = _cached_weights(f"path:{path}", lambda: load_eagle_head(path, target.model), target.model)
+        directory = str(given[0])
+        head = _cached_weights(f"path:{directory}", lambda: load_eagle_head(directory, target.model), target.model)
+        warn_other_model(directory, loaded.config.name)
     return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
 
 
