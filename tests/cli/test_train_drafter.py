@@ -98,12 +98,23 @@ def test_errors_before_any_model_is_loaded(overrides: list[str], error: type[TSS
         train_drafter(_compose(overrides))
 
 
-def test_t2d_dispatch_without_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = _compose(["drafter=eagle", "+domain=qa"])
-    cfg.drafter.name = "t2d"
-    monkeypatch.setitem(sys.modules, "tss_opt.training.t2d", None)  # import fails: not built here
-    with pytest.raises(UsageError, match=r"drafter=t2d cannot be trained in this installation .*supports here: drafter=eagle"):
-        train_drafter(cfg)
+def test_t2d_through_the_command_writes_a_drafter_that_decodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = _compose([
+        "+model=tiny", "+domain=qa", "drafter=t2d", "train.extra_prompts=0", "train.probe_prompts=1",
+        "drafter.train.trials=2", "drafter.train.steps=2", "drafter.train.continuation_tokens=4",
+        "drafter.train.max_tokens_per_text=32", "drafter.train.latency_reps=1",
+    ])
+    report = train_drafter(cfg)
+    out = tmp_path / "storage" / "drafters" / "tiny" / "qa" / "t2d"
+    assert Path(report.out_dir).resolve() == out and (out / "t2d_report.json").is_file()
+    assert report.eval_agreement_after is not None  # measured on the validation prompts
+    printed = capsys.readouterr().out
+    assert "kept layers" in printed and "drafter=t2d drafter.path=storage/drafters/tiny/qa/t2d" in printed
+    from tss_opt.evaluation.decoding.drafters import build_drafter
+
+    rt = assemble(_compose(["+model=tiny"]))
+    assert build_drafter({"name": "t2d", "path": str(out)}, rt.target, rt.loaded) is not None
 
 
 def test_drafter_checkpoint_names_the_output_and_resume_continues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
