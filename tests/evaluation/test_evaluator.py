@@ -145,3 +145,20 @@ def test_prefill_reuse_is_lossless_and_only_in_verify_scope(tiny):
     all_scope = _evaluator(tiny, "qa", n=2, max_new=8, scope="all")
     all_scope(frozenset({1}))
     assert not all_scope._prefills  # the prefill skips layers under "all": nothing to share
+
+
+def test_chunked_trial_equals_one_call_on_every_pooled_figure(tiny):
+    """The search's chunked evaluation (early stopping) reports what one call over all prompts
+    reports: accepted length and costs pooled over committed tokens, totals summed."""
+    from tss_opt.search.chunked import evaluate_skip_set
+
+    ev = _evaluator(tiny, "qa", n=6, max_new=12)
+    skip = frozenset({2})
+    one = ev(skip)
+    chunked = evaluate_skip_set(ev, skip, num_prompts=6, chunk=2)
+    m, extras = chunked.measurement, chunked.extras
+    assert m.accept_length == pytest.approx(one["accept_length"], rel=1e-9)
+    assert m.cost == pytest.approx(one["cost"], rel=1e-9)
+    assert m.metric == pytest.approx(one["metric"], rel=1e-9)
+    assert extras["cost_analytic"] == pytest.approx(one["cost_analytic"], rel=1e-9)
+    assert (extras["new_tokens"], extras["steps"]) == (one["new_tokens"], one["steps"])

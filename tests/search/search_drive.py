@@ -16,10 +16,10 @@ from tss_opt.search.algorithm import (
     SearchPlan,
     feasibility_for,
     plan_search,
-    select,
 )
 from tss_opt.search.chunked import evaluate_skip_set
 from tss_opt.search.feasibility import PairedFeasibility
+from tss_opt.search.selection import select
 
 
 @dataclass

@@ -15,10 +15,14 @@ with a margin), so early stopping rarely changes which sets are feasible, and a 
 always recorded infeasible. The dense baseline runs every prompt (in the same chunks, so dense
 and skip sets are measured the same way) and is never stopped.
 
-Aggregates of a chunked evaluation are prompt-weighted means of the chunks' aggregates: exact
-for per-prompt means (a mean metric, tokens/s per prompt), a close approximation for pooled
-ratios (accepted length as committed tokens / steps). Lists are concatenated and other values
-taken from the last chunk.
+Aggregates of a chunked evaluation equal one call over all its prompts. Per-prompt means (the
+metric, tokens/s per prompt) are prompt-weighted means of the chunks'. When every chunk reports
+its verification ``steps`` (the engine and replay evaluators do), the pooled ratios are pooled
+again: accepted length = committed tokens / steps (committed = A x steps per chunk) and the
+costs, which are per committed token (``cost``, ``cost_analytic``, ``cost_measured``), are
+weighted by committed tokens; totals (``new_tokens``, ``steps``, ``wall_s``) are summed.
+Without ``steps`` accepted length and cost fall back to prompt-weighted means (close for
+similar prompts). Lists are concatenated and other values taken from the last chunk.
 
 No Optuna or torch here: the worker and the tests' pure drivers call it alike.
 """
@@ -119,25 +123,52 @@ def evaluate_skip_set(
     return TrialEvaluation(m, extras, done, bool(why), why, len(parts))
 
 
+# Totals over prompts (summed across chunks) and costs per committed token (pooled by
+# committed tokens) in the engine's and replay evaluator's results.
+TOTALS: tuple[str, ...] = ("new_tokens", "steps", "wall_s")
+PER_COMMITTED_TOKEN: tuple[str, ...] = ("cost", "cost_analytic", "cost_measured")
+
+
 def merge_chunks(
     parts: Sequence[tuple[int, Measurement, dict[str, Any]]],
 ) -> tuple[Measurement, dict[str, Any]]:
-    """Combine chunk results: prompt-weighted means, joined per-prompt values and lists."""
+    """Combine chunk results into what one call over all their prompts gives (module docstring)."""
     weights = [w for w, _, _ in parts]
     ms = [m for _, m, _ in parts]
+    extras = [e for _, _, e in parts]
 
-    def wmean(xs: Sequence[float]) -> float:
-        return math.fsum(w * x for w, x in zip(weights, xs, strict=True)) / sum(weights)
+    def wmean(xs: Sequence[float], ws: Sequence[float] = weights) -> float:
+        return math.fsum(w * x for w, x in zip(ws, xs, strict=True)) / math.fsum(ws)
 
+    steps = [e.get("steps") for e in extras]
+    committed: list[float] | None = None
+    if all(isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 for n in steps):
+        committed = [m.accept_length * float(n) for m, n in zip(ms, steps, strict=True)]  # type: ignore[arg-type]
+        accept_length = math.fsum(committed) / math.fsum(float(n) for n in steps)  # type: ignore[arg-type]
+        cost = wmean([m.cost for m in ms], committed)
+    else:
+        accept_length, cost = wmean([m.accept_length for m in ms]), wmean([m.cost for m in ms])
     tps = [m.tokens_per_s for m in ms]
     m = Measurement(
-        accept_length=wmean([m.accept_length for m in ms]),
+        accept_length=accept_length,
         metric=wmean([m.metric for m in ms]),
-        cost=wmean([m.cost for m in ms]),
+        cost=cost,
         tokens_per_s=None if any(t is None for t in tps) else wmean(tps),  # type: ignore[arg-type]
         per_prompt=PerPrompt.concat([m.per_prompt for m in ms]),  # type: ignore[misc]
     )
-    return m, _merge_values(weights, [e for _, _, e in parts])
+    merged = _merge_values(weights, extras)
+    for key in TOTALS:
+        if _numbers([e.get(key) for e in extras]):
+            merged[key] = sum(e[key] for e in extras)
+    if committed is not None:
+        for key in PER_COMMITTED_TOKEN:
+            if _numbers([e.get(key) for e in extras]):
+                merged[key] = wmean([float(e[key]) for e in extras], committed)
+    return m, merged
+
+
+def _numbers(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def _merge_values(weights: Sequence[int], values: Sequence[Any]) -> Any:
