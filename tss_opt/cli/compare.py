@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.assembly import assemble, build_evaluator, require_domain
+from tss_opt.assembly import assemble, require_domain
 from tss_opt.cli.common import hydra_entry
 from tss_opt.errors import UsageError
 
@@ -44,26 +44,48 @@ def run_study(cfg: DictConfig, evaluator: Any) -> Any:
     return run_search(evaluator, settings, storage=cfg.storage, study_name=name, metadata=metadata)
 
 
-class HeldoutCache:
-    """Held-out A / M / tok/s per skip set, each set measured once (dense included)."""
+class HeldoutSets:
+    """Held-out A / M / tok/s of skip sets, measured together at the end, interleaved per prompt.
+
+    ``add`` each chosen set while the studies run; ``measure`` then runs the domain's held-out
+    prompts once under dense and every distinct set, rotating through them prompt by prompt
+    (:func:`~tss_opt.report.heldout.measure_interleaved`), so their tokens/s share the
+    machine's conditions. ``heldout_prompts=0`` measures nothing.
+    """
 
     def __init__(self, cfg: DictConfig, runtime: Any) -> None:
-        domain = require_domain(cfg)
+        from tss_opt.assembly import max_new_tokens_for
+
+        self.cfg, self.runtime = cfg, runtime
+        self.domain = require_domain(cfg)
         n = cfg.get("heldout_prompts")
-        self.prompts = domain.config.heldout_size if n is None else int(n)
-        self.evaluator = (
-            build_evaluator(cfg, runtime=runtime, split="heldout", prompts=self.prompts) if self.prompts > 0 else None
-        )
+        self.prompts = self.domain.config.heldout_size if n is None else int(n)
+        self.max_new_tokens = max_new_tokens_for(cfg, self.domain)
+        self.sets: list[frozenset[int]] = [frozenset()]
         self.done: dict[frozenset[int], dict[str, float | None]] = {}
 
+    def add(self, skip: list[int]) -> None:
+        if frozenset(skip) not in self.sets:
+            self.sets.append(frozenset(skip))
+
+    def measure(self) -> None:
+        from tss_opt.report.heldout import measure_interleaved
+
+        if self.prompts <= 0:
+            return
+        rt = self.runtime
+        log.info("held-out: %d prompts under %d skip sets (dense included), interleaved", self.prompts, len(self.sets))
+        results = measure_interleaved(
+            rt.target, rt.loaded.tokenizer, rt.new_drafter, self.domain,
+            [(str(sorted(s)), s, None) for s in self.sets],
+            prompts=self.prompts, max_new_tokens=self.max_new_tokens, scope=str(self.cfg.scope),
+            temperature=float(self.cfg.temperature), eos_token_ids=rt.eos_token_ids, warmup=True, show_progress=True,
+        )
+        for s, r in zip(self.sets, results, strict=True):
+            self.done[s] = {"accept_length": r.accept_length, "metric": r.metric, "tokens_per_s": r.tokens_per_s}
+
     def __call__(self, skip: list[int]) -> dict[str, float | None]:
-        if self.evaluator is None:
-            return {}
-        key = frozenset(skip)
-        if key not in self.done:
-            r = self.evaluator.evaluate(key)
-            self.done[key] = {"accept_length": r.accept_length, "metric": r.metric, "tokens_per_s": r.tokens_per_s}
-        return self.done[key]
+        return self.done.get(frozenset(skip), {})
 
 
 def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
@@ -122,22 +144,25 @@ def compare(cfg: DictConfig) -> list[Any]:
         check_budget(search_settings(with_search(cfg, mode=s)), num_layers)
     rt = assemble(cfg)
     evaluator = calibration_evaluator(cfg, rt)
-    heldout = HeldoutCache(cfg, rt)
+    heldout = HeldoutSets(cfg, rt)
     rows: list[ComparisonRow] = []
     dense: ComparisonRow | None = None
     for s in strategies:
         result = run_study(with_search(cfg, mode=s), evaluator)
         row = row_from_result(s, result)
-        row.heldout = heldout(row.skip_set)
+        heldout.add(row.skip_set)
         rows.append(row)
         if dense is None:
             b = result.baseline
             dense = ComparisonRow(
                 label="dense", study_name="", skip_set=[], sparsity=0.0,
                 calibration={k: (float(b[k]) if isinstance(b.get(k), (int, float)) else None) for k in ("accept_length", "metric", "tokens_per_s")},
-                heldout=heldout([]), curve=[], evaluations=0,
+                heldout={}, curve=[], evaluations=0,
             )
             dense_cost = float(b["cost"]) if "cost" in b else None
+    heldout.measure()
+    for row in rows + ([dense] if dense is not None else []):
+        row.heldout = heldout(row.skip_set)
     if hasattr(evaluator, "hits"):
         log.info("measurements shared between studies: %d of %d requests answered from memory",
                  evaluator.hits, evaluator.hits + evaluator.misses)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from tss_opt.assembly import assemble, require_domain
 from tss_opt.cli.common import hydra_entry
-from tss_opt.cli.compare import HeldoutCache, calibration_evaluator, run_study, with_search
+from tss_opt.cli.compare import HeldoutSets, calibration_evaluator, run_study, with_search
 from tss_opt.errors import UsageError
 
 log = logging.getLogger("tss_opt.cli")
@@ -49,13 +49,16 @@ def sweep(cfg: DictConfig) -> list[Any]:
         configs.append((t, eps, c))
     rt = assemble(cfg)
     evaluator = calibration_evaluator(cfg, rt)
-    heldout = HeldoutCache(cfg, rt)
+    heldout = HeldoutSets(cfg, rt)
     rows = []
     for t, eps, c in configs:
         row = row_from_result(label(t), run_study(c, evaluator))
-        row.heldout = heldout(row.skip_set)
+        heldout.add(row.skip_set)
         row.settings = {"tolerance": t, "eps_accept": eps, "eps_metric": eps, "tau_accept": eps, "tau_metric": eps}
         rows.append(row)
+    heldout.measure()
+    for row in rows:
+        row.heldout = heldout(row.skip_set)
     if hasattr(evaluator, "hits"):
         log.info("measurements shared between studies: %d of %d requests answered from memory",
                  evaluator.hits, evaluator.hits + evaluator.misses)

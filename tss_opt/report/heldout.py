@@ -51,6 +51,7 @@ __all__ = [
     "compare_domain",
     "dense_kept_reason",
     "entry_verifier",
+    "measure_interleaved",
     "measure_native",
     "run_heldout",
     "study_storage",
@@ -78,7 +79,7 @@ def _heldout_examples(domain: Domain, prompts: int | None) -> list[Any]:
     return list(examples)
 
 
-def _measure(
+def measure_interleaved(
     target: TargetModel,
     tokenizer: Any,
     drafter_factory: Callable[[], Drafter | None],
@@ -94,7 +95,12 @@ def _measure(
     show_progress: bool,
 ) -> list[EvalResult]:
     """Run the held-out prompts under each of ``methods`` (name, skip set, verifier or ``None``
-    for exact), interleaved per prompt."""
+    for exact), interleaved per prompt: every prompt runs under every method before the next
+    prompt, so machine drift hits all methods alike and their tokens/s compare fairly.
+
+    Returns:
+        One :class:`EvalResult` per method, in ``methods``' order.
+    """
     examples = _heldout_examples(domain, prompts)
     max_new = int(max_new_tokens or domain.config.max_new_tokens)
     ids = [format_prompt(tokenizer, ex, domain.config.system_prompt) for ex in examples]
@@ -182,7 +188,7 @@ def compare_domain(
         ReportError: More prompts asked for than the split holds, or an empty split.
     """
     skip = validate_skip(skip, target.num_layers)
-    native, tss = _measure(
+    native, tss = measure_interleaved(
         target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None), (TSS, skip, verification)),
         prompts=prompts, max_new_tokens=max_new_tokens, scope=scope, temperature=temperature,
         eos_token_ids=eos_token_ids, warmup=warmup, show_progress=show_progress,
@@ -207,7 +213,7 @@ def measure_native(
     """The held-out prompts with the dense target only: a domain whose mapping keeps dense
     (comparing dense with itself would cost twice the time and show noise as an effect).
     Arguments as for :func:`compare_domain`."""
-    (native,) = _measure(
+    (native,) = measure_interleaved(
         target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None),),
         prompts=prompts, max_new_tokens=max_new_tokens, scope=scope, temperature=temperature,
         eos_token_ids=eos_token_ids, warmup=warmup, show_progress=show_progress,

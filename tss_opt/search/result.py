@@ -72,6 +72,10 @@ class TrialRecord:
         search's own bookkeeping attributes left out)."""
         values = {"accept_length": m.accept_length, "metric": m.metric, "cost": m.cost}
         values.update({k: v for k, v in trial.user_attrs.items() if k not in _BOOKKEEPING_ATTRS})
+        if m.per_prompt is not None and m.per_prompt.tokens is not None:
+            # The generated tokens of the prompts it ran, counted per prompt (studies chunked
+            # before chunk totals were summed stored a per-chunk mean as new_tokens).
+            values["new_tokens"] = int(round(sum(m.per_prompt.tokens)))
         return cls(
             skip_set=config,
             level=len(config),
