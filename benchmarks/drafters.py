@@ -24,8 +24,7 @@ import argparse
 import json
 import statistics
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,37 +33,22 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from tss_opt.assembly import assemble, compose_config  # noqa: E402
-from tss_opt.config import config_dir  # noqa: E402
-from tss_opt.evaluation.decoding.drafters import build_drafter  # noqa: E402
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine  # noqa: E402
-from tss_opt.evaluation.decoding.prefill import dense_prefill  # noqa: E402
-from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
+import _measure as bench  # noqa: E402
 
 REPORT_FILES = ("train_report.json", "t2d_report.json")
 
 
 @dataclass
-class Method:
-    label: str
-    drafter_cfg: dict[str, Any] | None  # None: plain decoding
-    skip: tuple[int, ...]
+class TrainedMethod(bench.Method):
+    """A method with its drafter's training wall time, optionally restricted to one domain."""
+
     train_s: float | None = None
     domain: str | None = None  # only on this domain (a domain's own head)
-    drafter: Any = None
-    tps: list[float] = field(default_factory=list)
-    steps: int = 0
-    step_tokens: int = 0
-    texts: list[str] = field(default_factory=list)
-    same: list[bool] = field(default_factory=list)
 
 
 def shipped(name: str, **over: Any) -> dict[str, Any]:
-    cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / f"{name}.yaml"), over)
-    out = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(out, dict)
+    """A shipped drafter config without its ``train`` block (the benchmark only decodes)."""
+    out = bench.shipped_drafter(name, **over)
     out.pop("train", None)
     return out
 
@@ -120,64 +104,38 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     skip = tuple(int(s) for s in args.skip.split(",") if s.strip())
-    rt = assemble(compose_config([f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]))
-    target, tok, eos = rt.target, rt.loaded.tokenizer, rt.eos_token_ids
+    rt = bench.load_runtime(args.dtype)
     num_layers = int(rt.loaded.config.num_layers)
     specs = [parse_method(s, num_layers) for s in (args.method or ["pld", "samd", "eagle:random"])]
     skips = [()] + ([skip] if skip else [])
     print(
-        f"# Drafter benchmark: {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, {args.dtype}; "
-        f"{args.prompts} {args.split} prompts x {args.max_new_tokens} new tokens per domain; "
+        f"{bench.machine_line('Drafter', args.dtype, args.prompts, args.split, args.max_new_tokens)}; "
         f"target skip sets {[list(s) for s in skips]} (scope verify)",
         flush=True,
     )
     for dom_name in args.domains.split(","):
-        domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{dom_name}.yaml"))
+        domain = bench.load_named_domain(dom_name)
         examples = domain.split(args.split)[: args.prompts]
-        methods = [Method("plain decoding", None, s) for s in skips]
+        methods = [TrainedMethod("plain decoding", None, s) for s in skips]
         methods += [
-            Method(label, cfg, s, train_s=t, domain=only)
+            TrainedMethod(label, cfg, s, train_s=t, domain=only)
             for s in skips
             for label, cfg, t, only in specs
             if only is None or only == dom_name
         ]
-        for m in methods:
-            m.drafter = build_drafter(m.drafter_cfg, target, rt.loaded) if m.drafter_cfg else None
-        t_dom = time.perf_counter()
-        for i, ex in enumerate(examples):
-            ids = format_prompt(tok, ex, domain.config.system_prompt)
-            pre = dense_prefill(target, ids)
-            order = methods[i % len(methods) :] + methods[: i % len(methods)]
-            outs: dict[int, list[int]] = {}
-            for m in order:
-                eng = SpeculativeEngine(target, m.drafter, eos_token_ids=eos)
-                res = eng.generate(ids, max_new_tokens=args.max_new_tokens, skip=m.skip, prefill=pre)
-                s = res.stats
-                m.tps.append(s.new_tokens / s.total_s)
-                m.steps += s.steps
-                m.step_tokens += s.step_tokens
-                m.texts.append(tok.decode(res.tokens, skip_special_tokens=True))
-                outs[id(m)] = res.tokens.tolist()
-            for m in methods:
-                ref = next(r for r in methods if r.drafter_cfg is None and r.skip == m.skip)
-                m.same.append(outs[id(m)] == outs[id(ref)])
-            print(f"  [{dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done", flush=True)
+        seconds = bench.measure_domain(rt, methods, domain, dom_name, examples, args.max_new_tokens)
         refs = [list(ex.references) for ex in examples]
         metric = domain.metric
-        print(
-            f"\n### {dom_name} ({len(examples)} {args.split} prompts, {args.max_new_tokens} new tokens, "
-            f"metric {metric.name}; {time.perf_counter() - t_dom:.0f} s)"
-        )
+        print(bench.domain_heading(dom_name, examples, args.split, args.max_new_tokens, metric.name, seconds))
         print(f"| method | target | training | accepted length | {metric.name} | tok/s median | vs plain | identical to plain |")
         print("|---|---|---:|---:|---:|---:|---:|---|")
         for m in methods:
-            plain = next(r for r in methods if r.drafter_cfg is None and r.skip == m.skip)
-            al = m.step_tokens / m.steps if m.steps else 1.0
+            plain = bench.plain_reference(methods, m)
             score = metric.score(m.texts, refs).value
             ratio = statistics.median(a / b for a, b in zip(m.tps, plain.tps, strict=True))
             train = "—" if m.train_s is None else ("0" if m.train_s == 0 else f"{m.train_s / 60:.1f} min")
             print(
-                f"| {m.label} | {list(m.skip) if m.skip else 'dense'} | {train} | {al:.2f} | {score:.4f} | "
+                f"| {m.label} | {m.target_label} | {train} | {m.accept_length:.2f} | {score:.4f} | "
                 f"{statistics.median(m.tps):.2f} | {ratio:.2f}x | {sum(m.same)}/{len(m.same)} |"
             )
         print(flush=True)

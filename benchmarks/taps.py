@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,34 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from tss_opt.assembly import assemble, compose_config  # noqa: E402
-from tss_opt.config import config_dir  # noqa: E402
-from tss_opt.evaluation.decoding.drafters import build_drafter  # noqa: E402
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine  # noqa: E402
-from tss_opt.evaluation.decoding.prefill import dense_prefill  # noqa: E402
-from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
-
-
-@dataclass
-class Method:
-    label: str
-    drafter_cfg: dict[str, Any] | None  # None: plain decoding
-    skip: tuple[int, ...]
-    drafter: Any = None
-    tps: list[float] = field(default_factory=list)
-    steps: int = 0
-    step_tokens: int = 0
-    texts: list[str] = field(default_factory=list)
-    same: list[bool] = field(default_factory=list)
-
-
-def drafter_cfg(name: str, **over: Any) -> dict[str, Any]:
-    cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / f"{name}.yaml"), over)
-    out = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(out, dict)
-    return out
+import _measure as bench  # noqa: E402
 
 
 def member_cfg(spec: str) -> tuple[str, dict[str, Any]]:
@@ -72,8 +43,8 @@ def member_cfg(spec: str) -> tuple[str, dict[str, Any]]:
             raise SystemExit("--members: eagle:DIR needs the head directory (or eagle:random)")
         head = {"random_init": True, "path": None} if path == "random" else {"path": path}
         label = "eagle" if path == "random" else f"eagle:{Path(path).name}"
-        return label, drafter_cfg("eagle", **head)
-    return spec, drafter_cfg(spec)
+        return label, bench.shipped_drafter("eagle", **head)
+    return spec, bench.shipped_drafter(spec)
 
 
 def main() -> None:
@@ -94,59 +65,32 @@ def main() -> None:
     skip = tuple(int(s) for s in args.skip.split(",") if s.strip())
     members = [member_cfg(m) for m in args.members.split(",")]
     print(
-        f"# TAPS benchmark: {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
-        f"{args.dtype}; {args.prompts} {args.split} prompts x {args.max_new_tokens} new tokens per domain; "
+        f"{bench.machine_line('TAPS', args.dtype, args.prompts, args.split, args.max_new_tokens)}; "
         f"members {[label for label, _ in members]}; TSS skip set {list(skip)} (scope verify)",
         flush=True,
     )
-    rt = assemble(compose_config([f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]))
-    target, tok = rt.target, rt.loaded.tokenizer
-    eos = rt.eos_token_ids
+    rt = bench.load_runtime(args.dtype)
     # Members of routed/merged: each member's full config with its label (two heads differ by path).
     member_cfgs = [{**{k: v for k, v in cfg.items() if k != "_target_"}, "label": label} for label, cfg in members]
     specs: list[tuple[str, dict[str, Any] | None]] = [("plain decoding", None)]
     specs += [(label, cfg) for label, cfg in members]
-    specs += [("routed", drafter_cfg("routed", members=member_cfgs))]
-    specs += [("merged", drafter_cfg("merged", members=member_cfgs))]
+    specs += [("routed", bench.shipped_drafter("routed", members=member_cfgs))]
+    specs += [("merged", bench.shipped_drafter("merged", members=member_cfgs))]
 
     for dom_name in args.domains.split(","):
-        domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{dom_name}.yaml"))
+        domain = bench.load_named_domain(dom_name)
         examples = domain.split(args.split)[: args.prompts]
-        methods = [Method(label, cfg, s) for s in ((), skip) for label, cfg in specs]
-        for m in methods:
-            m.drafter = build_drafter(m.drafter_cfg, target, rt.loaded) if m.drafter_cfg else None
-        t_dom = time.perf_counter()
-        for i, ex in enumerate(examples):
-            ids = format_prompt(tok, ex, domain.config.system_prompt)
-            pre = dense_prefill(target, ids)
-            order = methods[i % len(methods) :] + methods[: i % len(methods)]
-            outs: dict[int, list[int]] = {}
-            for m in order:
-                eng = SpeculativeEngine(target, m.drafter, eos_token_ids=eos)
-                res = eng.generate(ids, max_new_tokens=args.max_new_tokens, skip=m.skip, prefill=pre)
-                s = res.stats
-                m.tps.append(s.new_tokens / s.total_s)
-                m.steps += s.steps
-                m.step_tokens += s.step_tokens
-                m.texts.append(tok.decode(res.tokens, skip_special_tokens=True))
-                outs[id(m)] = res.tokens.tolist()
-            for m in methods:
-                ref = next(r for r in methods if r.drafter_cfg is None and r.skip == m.skip)
-                m.same.append(outs[id(m)] == outs[id(ref)])
-            print(f"  [{dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done", flush=True)
+        methods = [bench.Method(label, cfg, s) for s in ((), skip) for label, cfg in specs]
+        seconds = bench.measure_domain(rt, methods, domain, dom_name, examples, args.max_new_tokens)
         refs = [list(ex.references) for ex in examples]
         metric = domain.metric
-        print(
-            f"\n### {dom_name} ({len(examples)} {args.split} prompts, {args.max_new_tokens} new tokens, "
-            f"metric {metric.name}; {time.perf_counter() - t_dom:.0f} s)"
-        )
+        print(bench.domain_heading(dom_name, examples, args.split, args.max_new_tokens, metric.name, seconds))
         print("| method | skip set | accepted length | " + metric.name + " | tok/s mean | tok/s median | identical to plain |")
         print("|---|---|---|---|---|---|---|")
         for m in methods:
-            al = m.step_tokens / m.steps if m.steps else 1.0
             score = metric.score(m.texts, refs).value
             print(
-                f"| {m.label} | {list(m.skip) if m.skip else 'dense'} | {al:.2f} | {score:.4f} | "
+                f"| {m.label} | {m.target_label} | {m.accept_length:.2f} | {score:.4f} | "
                 f"{statistics.mean(m.tps):.2f} | {statistics.median(m.tps):.2f} | {sum(m.same)}/{len(m.same)} |"
             )
         print()
@@ -155,7 +99,7 @@ def main() -> None:
                 continue
             extra = f", deduplicated nodes {m.drafter.deduplicated}" if hasattr(m.drafter, "deduplicated") else ""
             print(
-                f"{m.label} ({list(m.skip) if m.skip else 'dense'}): {m.drafter.steps} steps, "
+                f"{m.label} ({m.target_label}): {m.drafter.steps} steps, "
                 f"{m.drafter.total_accepted} accepted draft tokens, {m.drafter.empty_steps} empty steps{extra}"
             )
             for name, st in m.drafter.member_stats().items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 # One thread for this process and every subprocess a test starts (workers, commands): on a
@@ -70,6 +71,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def tiny() -> LoadedModel:
     """A 4-layer random Llama with a byte-level ChatML tokenizer."""
     return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, seed=0))
+
+
+@pytest.fixture(scope="module")
+def tiny64() -> LoadedModel:
+    """The tiny model in float64, one per test module: tree and chain verification (and cached
+    and recomputed scores) agree far below any argmax margin, so losslessness is exact."""
+    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="float64"))
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a test module, the previous count restored afterwards; folders of
+    model-heavy tests use it from their conftest (autouse there)."""
+    # Tiny forwards are dominated by thread start-up; on a shared 2-core machine extra
+    # threads make them up to 100x slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -33,14 +33,8 @@ from tss_opt.evaluation.decoding.verification import (
     Verifier,
     verifier_from_settings,
 )
-from tss_opt.models import ModelConfig, load_model
 
 N_NEW = 32
-
-
-@pytest.fixture(scope="module")
-def tiny64():
-    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, seed=0, dtype="float64"))
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,8 @@ from tss_opt.evaluation.decoding.drafters import DraftModelDrafter, PromptLookup
 from tss_opt.evaluation.decoding.engine import SpeculativeEngine
 from tss_opt.evaluation.decoding.prefill import dense_prefill
 from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.models import ModelConfig, load_model
 
 N_NEW = 30
-
-
-@pytest.fixture(scope="module")
-def tiny64():
-    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, seed=0, dtype="float64"))
 
 
 @pytest.fixture(scope="module")

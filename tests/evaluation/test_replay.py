@@ -35,11 +35,6 @@ COMPARED = ("index", "id", "accept_length", "metric", "tokens", "steps", "repeti
 
 
 @pytest.fixture(scope="module")
-def tiny64():
-    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, seed=0, dtype="float64"))
-
-
-@pytest.fixture(scope="module")
 def draft64():
     return load_model(ModelConfig(name="tiny_draft", source="tiny", num_layers=2, seed=1, dtype="float64"))
 

@@ -1,36 +1,25 @@
-"""Fixtures of the training tests: a float64 tiny target and a toy domain with extra training
-records. Helpers live in training_support.py."""
+"""Fixtures of the training tests: one CPU thread, a float64 tiny target (``tiny64`` from
+tests/conftest.py) and a toy domain with extra training records. Helpers live in training_support.py."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from training_support import EXTRA, write_toy_domain
 
 from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Domain, load_domain
-from tss_opt.models import LoadedModel, ModelConfig, load_model
+from tss_opt.models import LoadedModel
 
 # The independent greedy references of the decoding tests (tests/decoding/reference.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decoding"))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny64() -> LoadedModel:
-    # float64: tree and chain verification agree far below any argmax margin (exact losslessness).
-    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="float64"))
+def _one_thread(one_thread: None) -> None:
+    """Every training test module runs on one torch thread (``one_thread``, tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

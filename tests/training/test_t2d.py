@@ -56,14 +56,6 @@ def small_settings(**overrides: object) -> T2DSettings:
     return T2DSettings(**base)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny6() -> LoadedModel:
     return load_model(ModelConfig(name="tiny6", source="tiny", num_layers=6, seed=0))

@@ -27,14 +27,14 @@ its ``verifier`` while they run, restoring it afterwards.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from tss_opt.config.enums import Verification
-from tss_opt.evaluation.decoding.arbitration import FEATURES, LogisticPolicy
+from tss_opt.evaluation.decoding.arbitration import FEATURES, LinearFeaturePolicy, LogisticPolicy
 from tss_opt.evaluation.decoding.blend_weight import LearnedWeight
 from tss_opt.evaluation.decoding.verification import Verifier, check_weight
 from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
@@ -186,6 +186,70 @@ def search_weight(
     )
 
 
+def _reinforce(
+    evaluator: SpecDecodeEvaluator,
+    skip: frozenset[int],
+    pol: LinearFeaturePolicy,
+    verifier: Verifier,
+    *,
+    epochs: int,
+    lr: float,
+    step_cost: float,
+    term: Callable[[float, tuple[torch.Tensor, float, float]], tuple[torch.Tensor, float]],
+    summary: Callable[[float, int], dict[str, float]],
+    rule: str,
+    describe: Callable[[dict[str, float]], str],
+) -> list[dict[str, float]]:
+    """The REINFORCE loop both learned rules share; returns the per-epoch history.
+
+    Each epoch runs the evaluator's prompts once with ``verifier`` (which holds ``pol``, in
+    training mode: one episode of recorded decisions per prompt). The reward per prompt is its
+    task metric, oriented by the metric's direction, minus ``step_cost * steps / new_tokens``;
+    the advantage subtracts the epoch's mean reward. ``pol.theta`` moves by ``lr`` times the
+    gradient averaged over prompts. ``pol`` leaves training mode however the loop ends.
+
+    Args:
+        term: ``(advantage, decision) -> (gradient term, statistic)`` for one recorded decision
+            (the score function of the rule's distribution, times the advantage).
+        summary: ``(sum of statistics, decisions) -> the epoch's extra history fields``.
+        rule: names the rule in the log; ``describe`` gives the log line's tail from a history row.
+    """
+    sign = 1.0 if evaluator.metric_higher_is_better else -1.0
+    history: list[dict[str, float]] = []
+    try:
+        for epoch in range(epochs):
+            pol.training = True
+            pol.episodes = []
+            r = _with_verifier(evaluator, verifier, skip)
+            if len(pol.episodes) != len(r.prompts):
+                raise RuntimeError(f"{len(pol.episodes)} episodes for {len(r.prompts)} prompts: one per request expected")
+            rewards = [sign * p.score - step_cost * p.steps / max(p.new_tokens, 1) for p in r.prompts]
+            baseline = sum(rewards) / len(rewards)
+            grad = torch.zeros(len(FEATURES), dtype=torch.float64)
+            decisions, total = 0, 0.0
+            for reward, episode in zip(rewards, pol.episodes, strict=True):
+                for decision in episode:
+                    g, stat = term(reward - baseline, decision)
+                    grad += g
+                    decisions += 1
+                    total += stat
+            pol.theta += lr * grad / len(rewards)
+            row = {
+                "epoch": float(epoch),
+                "reward": baseline,
+                "metric": r.metric,
+                "accept_length": r.accept_length,
+                **summary(total, decisions),
+            }
+            history.append(row)
+            log.info("%s REINFORCE epoch %d: reward %.4f metric %.4f A %.3f %s", rule, epoch, baseline, r.metric,
+                     r.accept_length, describe(row))
+    finally:
+        pol.training = False
+        pol.episodes = []
+    return history
+
+
 @dataclass
 class PolicyTraining:
     """The outcome of :func:`train_cospec_policy`.
@@ -223,38 +287,19 @@ def train_cospec_policy(
         step_cost: weight of the steps-per-token cost in the reward.
         policy: the starting policy (default: :class:`LogisticPolicy` keeping rarely).
     """
-    skip = frozenset(int(i) for i in skip)
     pol = policy or LogisticPolicy(seed=seed)
-    history: list[dict[str, float]] = []
-    for epoch in range(epochs):
-        pol.training = True
-        pol.episodes = []
-        r = _with_verifier(evaluator, Verifier(Verification.cospec, policy=pol), skip)
-        if len(pol.episodes) != len(r.prompts):
-            raise RuntimeError(f"{len(pol.episodes)} episodes for {len(r.prompts)} prompts: one per request expected")
-        sign = 1.0 if evaluator.metric_higher_is_better else -1.0
-        rewards = [sign * p.score - step_cost * p.steps / max(p.new_tokens, 1) for p in r.prompts]
-        baseline = sum(rewards) / len(rewards)
-        grad = torch.zeros(len(FEATURES), dtype=torch.float64)
-        decisions = kept = 0
-        for reward, episode in zip(rewards, pol.episodes, strict=True):
-            for feats, action, pi in episode:
-                grad += (reward - baseline) * (action - pi) * feats
-                decisions += 1
-                kept += action
-        pol.theta += lr * grad / len(rewards)
-        row = {
-            "epoch": float(epoch),
-            "reward": baseline,
-            "metric": r.metric,
-            "accept_length": r.accept_length,
-            "keep_rate": kept / decisions if decisions else 0.0,
-        }
-        history.append(row)
-        log.info("CoSpec REINFORCE epoch %d: reward %.4f metric %.4f A %.3f keep %.2f", epoch, row["reward"],
-                 r.metric, r.accept_length, row["keep_rate"])
-    pol.training = False
-    pol.episodes = []
+
+    def term(advantage: float, decision: tuple[torch.Tensor, float, float]) -> tuple[torch.Tensor, float]:
+        # d log Bernoulli(a; pi) / d theta = (a - pi) * features (pi = sigmoid(theta . features)).
+        feats, action, pi = decision
+        return advantage * (action - pi) * feats, action
+
+    history = _reinforce(
+        evaluator, frozenset(int(i) for i in skip), pol, Verifier(Verification.cospec, policy=pol),
+        epochs=epochs, lr=lr, step_cost=step_cost, term=term,
+        summary=lambda kept, decisions: {"keep_rate": kept / decisions if decisions else 0.0},
+        rule="CoSpec", describe=lambda row: f"keep {row['keep_rate']:.2f}",
+    )
     return PolicyTraining(policy=pol, history=history)
 
 
@@ -306,39 +351,22 @@ def train_diversed_weight(
     """
     if epochs < 1:
         raise ValueError(f"epochs={epochs}; train for at least 1 epoch")
-    skip = frozenset(int(i) for i in skip)
     pol = policy or LearnedWeight(init_weight=init_weight, sigma=sigma, seed=seed)
-    sign = 1.0 if evaluator.metric_higher_is_better else -1.0
-    history: list[dict[str, float]] = []
-    try:
-        for epoch in range(epochs):
-            pol.training = True
-            pol.episodes = []
-            r = _with_verifier(evaluator, Verifier(Verification.diversed, weight_policy=pol), skip)
-            if len(pol.episodes) != len(r.prompts):
-                raise RuntimeError(f"{len(pol.episodes)} episodes for {len(r.prompts)} prompts: one per request expected")
-            rewards = [sign * p.score - step_cost * p.steps / max(p.new_tokens, 1) for p in r.prompts]
-            baseline = sum(rewards) / len(rewards)
-            grad = torch.zeros(len(FEATURES), dtype=torch.float64)
-            decisions, w_sum = 0, 0.0
-            for reward, episode in zip(rewards, pol.episodes, strict=True):
-                for feats, z, mu in episode:
-                    grad += (reward - baseline) * (z - mu) / pol.sigma**2 * feats
-                    decisions += 1
-                    w_sum += float(torch.sigmoid(torch.tensor(z)))
-            pol.theta += lr * grad / len(rewards)
-            row = {
-                "epoch": float(epoch),
-                "reward": baseline,
-                "metric": r.metric,
-                "accept_length": r.accept_length,
-                "mean_weight": w_sum / decisions if decisions else float("nan"),
-                "decisions": float(decisions),
-            }
-            history.append(row)
-            log.info("DIVERSED weight REINFORCE epoch %d: reward %.4f metric %.4f A %.3f mean w %.2f (%d decisions)",
-                     epoch, baseline, r.metric, r.accept_length, row["mean_weight"], decisions)
-    finally:
-        pol.training = False
-        pol.episodes = []
+
+    def term(advantage: float, decision: tuple[torch.Tensor, float, float]) -> tuple[torch.Tensor, float]:
+        # d log N(z; mu, sigma) / d theta = (z - mu) / sigma^2 * features; the statistic is the
+        # sampled w = sigmoid(z).
+        feats, z, mu = decision
+        return advantage * (z - mu) / pol.sigma**2 * feats, float(torch.sigmoid(torch.tensor(z)))
+
+    history = _reinforce(
+        evaluator, frozenset(int(i) for i in skip), pol, Verifier(Verification.diversed, weight_policy=pol),
+        epochs=epochs, lr=lr, step_cost=step_cost, term=term,
+        summary=lambda w_sum, decisions: {
+            "mean_weight": w_sum / decisions if decisions else float("nan"),
+            "decisions": float(decisions),
+        },
+        rule="DIVERSED weight",
+        describe=lambda row: f"mean w {row['mean_weight']:.2f} ({int(row['decisions'])} decisions)",
+    )
     return WeightTraining(policy=pol, history=history)

@@ -33,6 +33,7 @@ from tss_opt.evaluation.decoding.verification import (
 )
 from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
 from tss_opt.evaluation.relaxed import (
+    DEFAULT_WEIGHTS,
     Judged,
     check_against_dense,
     dense_reference,
@@ -177,7 +178,7 @@ def tune_relaxed(
     mode: Verification | str,
     skip: frozenset[int] | Sequence[int] = frozenset(),
     *,
-    weights: Sequence[float] = (1.0, 0.8, 0.6, 0.4, 0.2),
+    weights: Sequence[float] = DEFAULT_WEIGHTS,
     tau_draft: float = 0.6,
     tau_target: float = 0.15,
     epochs: int = 4,

@@ -87,6 +87,7 @@ def drafter_snippet(out_dir: Path, loaded: LoadedModel, num_layers: int, num_tok
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Replace the file ``path`` by ``text``: readers see the old file or the new one, never half."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -99,6 +100,10 @@ def save_checkpoint(student: Any, tokenizer: Any, out_dir: Path, state: dict[str
     ``os.replace`` (atomic per file): config and tokenizer first (they never change between
     checkpoints), the weights file last, then ``t2d_state.json``. A folder whose weights file
     exists is therefore always a complete model.
+
+    Not :func:`tss_opt.training.common.write_atomically`: that swaps in a whole new folder,
+    and ``out_dir`` also holds files written between checkpoints (``drafter.yaml``, later
+    ``t2d_report.json``) that the swap would drop.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".t2d-save-", dir=out_dir))

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
-from tss_opt.models import LoadedModel, ModelConfig, load_model
+from tss_opt.models import LoadedModel
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # Tiny forwards are dominated by thread start-up; on a shared 2-core machine extra
-    # threads make them up to 100x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread: None) -> None:
+    """Every drafter test module runs on one torch thread (``one_thread``, tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
+def tiny(tiny64: LoadedModel) -> LoadedModel:
     # Shadows the session-wide float32 tiny model: float64 so tree and chain computations
     # (and cached and recomputed head scores) agree far below any argmax margin.
-    return load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="float64"))
+    return tiny64

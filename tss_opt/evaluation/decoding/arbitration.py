@@ -5,6 +5,11 @@ A policy sees :func:`mismatch_features` of both distributions at the mismatch an
 "keep the draft token". :class:`AlwaysTarget` is exact verification; :class:`ThresholdPolicy`
 is the fixed baseline; :class:`LogisticPolicy` is the learned one (trained with REINFORCE by
 :func:`tss_opt.evaluation.relaxed.train_cospec_policy`).
+
+:class:`LinearFeaturePolicy` holds what every learned rule over :data:`FEATURES` shares (the
+weights, the training episodes, the JSON file with its ``kind``): CoSpec's
+:class:`LogisticPolicy` and DIVERSED's
+:class:`~tss_opt.evaluation.decoding.blend_weight.LearnedWeight` build on it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -103,7 +109,98 @@ class ThresholdPolicy(ArbitrationPolicy):
         return bool(features[2] > self.tau_draft and features[1] > self.tau_target)
 
 
-class LogisticPolicy(ArbitrationPolicy):
+_P = TypeVar("_P", bound="LinearFeaturePolicy")
+
+
+class LinearFeaturePolicy:
+    """Weights ``theta`` over :data:`FEATURES`, the logit ``theta . features``, a training mode
+    that records each request's decisions, and persistence as JSON with a ``kind`` marker.
+
+    The learned rules (CoSpec's :class:`LogisticPolicy`, DIVERSED's
+    :class:`~tss_opt.evaluation.decoding.blend_weight.LearnedWeight`) subclass it and say how
+    the logit becomes a decision; their files have the same features, so ``kind`` keeps one
+    from being read as the other.
+
+    Class attributes:
+        kind: the ``kind`` written into the JSON file.
+        what: the rule's name in messages (``CoSpec policy``).
+        missing_hint: how to get a file, for a missing one.
+        kind_hint: where each kind of file goes, for a file of another kind.
+        kindless_ok: accept a file without ``kind`` (files written before the marker existed).
+
+    Attributes:
+        theta: ``torch.DoubleTensor`` of shape ``(len(FEATURES),)``.
+        training: sample decisions and record them in :attr:`episodes` (one list per request,
+            entries ``(features, action, statistic)`` as the subclass defines them).
+    """
+
+    kind: ClassVar[str]
+    what: ClassVar[str]
+    missing_hint: ClassVar[str]
+    kind_hint: ClassVar[str]
+    kindless_ok: ClassVar[bool] = False
+
+    def __init__(self, theta: torch.Tensor, seed: int) -> None:
+        self.theta = torch.as_tensor(theta, dtype=torch.float64).clone()
+        if self.theta.shape != (len(FEATURES),):
+            raise TSSError(
+                f"a {self.what} needs {len(FEATURES)} weights ({', '.join(FEATURES)}), got shape "
+                f"{tuple(self.theta.shape)}"
+            )
+        self.training = False
+        self.episodes: list[list[tuple[torch.Tensor, float, float]]] = []
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def logit(self, features: torch.Tensor) -> float:
+        """``theta . features`` for one ``(len(FEATURES),)`` feature vector."""
+        return float(self.theta @ features.double())
+
+    def begin_request(self) -> None:
+        if self.training:
+            self.episodes.append([])
+
+    def _record(self, features: torch.Tensor, action: float, statistic: float) -> None:
+        """Append one training decision to the current request's episode."""
+        if not self.episodes:
+            self.episodes.append([])
+        self.episodes[-1].append((features.double(), action, statistic))
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Write ``{"kind": <kind>, "features": [...], "theta": [...]}`` as JSON."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(
+            json.dumps({"kind": self.kind, "features": list(FEATURES), "theta": self.theta.tolist()}, indent=2),
+            encoding="utf-8",
+        )
+        return p
+
+    @classmethod
+    def load(cls: type[_P], path: str | Path) -> _P:
+        """Read weights written by :meth:`save`.
+
+        Raises:
+            TSSError: a missing file, a file of another kind, other features.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise TSSError(f"{cls.what} file {str(p)!r} does not exist; {cls.missing_hint}")
+        data = json.loads(p.read_text(encoding="utf-8"))
+        kind = data.get("kind", cls.kind if cls.kindless_ok else None)
+        if kind != cls.kind:
+            raise TSSError(
+                f"{str(p)!r} is not a {cls.what} (kind {data.get('kind')!r}, expected {cls.kind!r}); {cls.kind_hint}"
+            )
+        if list(data.get("features", [])) != list(FEATURES):
+            raise TSSError(
+                f"{cls.what} {str(p)!r} was trained on features {data.get('features')}; this version uses "
+                f"{list(FEATURES)}: retrain it"
+            )
+        return cls(torch.tensor(data["theta"], dtype=torch.float64))
+
+
+class LogisticPolicy(LinearFeaturePolicy, ArbitrationPolicy):
     """``P(keep draft) = sigmoid(theta . features)``; greedy (``> 0.5``) unless ``training``.
 
     While training it samples its decisions from its own seeded generator and records each
@@ -115,66 +212,27 @@ class LogisticPolicy(ArbitrationPolicy):
     """
 
     name = "learned"
+    kind = KIND
+    what = "CoSpec policy"
+    missing_hint = "train one (docs/engine.md) or drop the path"
+    kind_hint = "a DIVERSED weight goes to relaxed.weight_policy, a CoSpec policy to relaxed.policy"
+    # Files written before the kind existed carry none; a DIVERSED weight has the same
+    # features and must not be read as an arbitration policy.
+    kindless_ok = True
 
     def __init__(self, theta: torch.Tensor | None = None, seed: int = 0) -> None:
         if theta is None:
             theta = torch.zeros(len(FEATURES), dtype=torch.float64)
             theta[0] = -2.0
-        self.theta = torch.as_tensor(theta, dtype=torch.float64).clone()
-        if self.theta.shape != (len(FEATURES),):
-            raise TSSError(
-                f"a CoSpec policy needs {len(FEATURES)} weights ({', '.join(FEATURES)}), got shape "
-                f"{tuple(self.theta.shape)}"
-            )
-        self.training = False
-        self.episodes: list[list[tuple[torch.Tensor, int, float]]] = []
-        self._gen = torch.Generator().manual_seed(seed)
+        super().__init__(theta, seed)
 
     def prob(self, features: torch.Tensor) -> float:
         return float(torch.sigmoid(self.theta @ features.double()))
-
-    def begin_request(self) -> None:
-        if self.training:
-            self.episodes.append([])
 
     def keep_draft(self, features: torch.Tensor) -> bool:
         pi = self.prob(features)
         if not self.training:
             return pi > 0.5
         keep = bool(float(torch.rand((), generator=self._gen, dtype=torch.float64)) < pi)
-        if not self.episodes:
-            self.episodes.append([])
-        self.episodes[-1].append((features.double(), int(keep), pi))
+        self._record(features, int(keep), pi)
         return keep
-
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Write the weights as JSON (``{"kind": "cospec_policy", "features": [...], "theta": [...]}``)."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(
-            json.dumps({"kind": KIND, "features": list(FEATURES), "theta": self.theta.tolist()}, indent=2),
-            encoding="utf-8",
-        )
-        return p
-
-    @classmethod
-    def load(cls, path: str | Path) -> LogisticPolicy:
-        """Read weights written by :meth:`save`."""
-        p = Path(path)
-        if not p.is_file():
-            raise TSSError(f"CoSpec policy file {str(p)!r} does not exist; train one (docs/engine.md) or drop the path")
-        data = json.loads(p.read_text(encoding="utf-8"))
-        # Files written before the kind existed carry none; a DIVERSED weight has the same
-        # features and must not be read as an arbitration policy.
-        if data.get("kind", KIND) != KIND:
-            raise TSSError(
-                f"{str(p)!r} is not a CoSpec policy (kind {data.get('kind')!r}, expected {KIND!r}); "
-                "a DIVERSED weight goes to relaxed.weight_policy, a CoSpec policy to relaxed.policy"
-            )
-        if list(data.get("features", [])) != list(FEATURES):
-            raise TSSError(
-                f"CoSpec policy {str(p)!r} was trained on features {data.get('features')}; this version uses "
-                f"{list(FEATURES)}: retrain it"
-            )
-        return cls(torch.tensor(data["theta"], dtype=torch.float64))

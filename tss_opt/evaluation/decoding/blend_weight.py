@@ -17,15 +17,13 @@ changes the outcome), so any ``w`` in [0, 1] accepts at least what exact verific
 
 from __future__ import annotations
 
-import json
 import math
 from abc import ABC, abstractmethod
-from pathlib import Path
 
 import torch
 
 from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.arbitration import FEATURES
+from tss_opt.evaluation.decoding.arbitration import FEATURES, LinearFeaturePolicy
 
 KIND = "diversed_weight"
 """The ``kind`` written into a learned weight's JSON, so a CoSpec policy file is not read as one."""
@@ -67,13 +65,16 @@ def _logit(w: float) -> float:
     return math.log(w / (1.0 - w))
 
 
-class LearnedWeight(WeightPolicy):
+class LearnedWeight(LinearFeaturePolicy, WeightPolicy):
     """``w = sigmoid(theta . features)``: deterministic unless ``training``.
 
     While training, each call draws ``z ~ N(theta . features, sigma^2)`` from the policy's own
     seeded generator, answers ``sigmoid(z)`` and records ``(features, z, mean)`` in the current
     request's episode (:attr:`episodes`, one list per request), which REINFORCE turns into a
     gradient: ``d log N(z; mu, sigma) / d theta = (z - mu) / sigma^2 * features``.
+
+    Weights, episodes and the JSON file (``{"kind": "diversed_weight", ...}``) come from
+    :class:`~tss_opt.evaluation.decoding.arbitration.LinearFeaturePolicy`.
 
     Args:
         theta: ``(len(FEATURES),)`` weights; default: the bias gives ``init_weight`` everywhere.
@@ -83,6 +84,13 @@ class LearnedWeight(WeightPolicy):
     """
 
     name = "learned"
+    kind = KIND
+    what = "DIVERSED weight policy"
+    missing_hint = (
+        "train one with python -m tss_opt.cli.tune_verification verification=diversed (docs/engine.md) "
+        "or drop relaxed.weight_policy"
+    )
+    kind_hint = "a CoSpec policy goes to relaxed.policy, a DIVERSED weight to relaxed.weight_policy"
 
     def __init__(
         self, theta: torch.Tensor | None = None, *, init_weight: float = 0.8, sigma: float = 1.0, seed: int = 0
@@ -90,69 +98,19 @@ class LearnedWeight(WeightPolicy):
         if theta is None:
             theta = torch.zeros(len(FEATURES), dtype=torch.float64)
             theta[0] = _logit(float(init_weight))
-        self.theta = torch.as_tensor(theta, dtype=torch.float64).clone()
-        if self.theta.shape != (len(FEATURES),):
-            raise TSSError(
-                f"a DIVERSED weight policy needs {len(FEATURES)} weights ({', '.join(FEATURES)}), got shape "
-                f"{tuple(self.theta.shape)}"
-            )
+        super().__init__(theta, seed)
         if not sigma > 0:
             raise TSSError(f"DIVERSED weight exploration sigma={sigma} must be > 0")
         self.sigma = float(sigma)
-        self.training = False
-        self.episodes: list[list[tuple[torch.Tensor, float, float]]] = []
-        self._gen = torch.Generator().manual_seed(seed)
 
     def mean_logit(self, features: torch.Tensor) -> float:
-        return float(self.theta @ features.double())
-
-    def begin_request(self) -> None:
-        if self.training:
-            self.episodes.append([])
+        """``mu = theta . features``, the logit of the deterministic weight."""
+        return self.logit(features)
 
     def weight(self, features: torch.Tensor) -> float:
         mu = self.mean_logit(features)
         if not self.training:
             return 1.0 / (1.0 + math.exp(-mu)) if mu > -700 else 0.0
         z = mu + self.sigma * float(torch.randn((), generator=self._gen, dtype=torch.float64))
-        if not self.episodes:
-            self.episodes.append([])
-        self.episodes[-1].append((features.double(), z, mu))
+        self._record(features, z, mu)
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
-
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Write ``{"kind": "diversed_weight", "features": [...], "theta": [...]}`` as JSON."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(
-            json.dumps({"kind": KIND, "features": list(FEATURES), "theta": self.theta.tolist()}, indent=2),
-            encoding="utf-8",
-        )
-        return p
-
-    @classmethod
-    def load(cls, path: str | Path) -> LearnedWeight:
-        """Read weights written by :meth:`save`.
-
-        Raises:
-            TSSError: a missing file, a file of another kind (a CoSpec policy), other features.
-        """
-        p = Path(path)
-        if not p.is_file():
-            raise TSSError(
-                f"DIVERSED weight policy file {str(p)!r} does not exist; train one with "
-                "python -m tss_opt.cli.tune_verification verification=diversed (docs/engine.md) or drop relaxed.weight_policy"
-            )
-        data = json.loads(p.read_text(encoding="utf-8"))
-        if data.get("kind") != KIND:
-            raise TSSError(
-                f"{str(p)!r} is not a DIVERSED weight policy (kind {data.get('kind')!r}, expected {KIND!r}); "
-                "a CoSpec policy goes to relaxed.policy, a DIVERSED weight to relaxed.weight_policy"
-            )
-        if list(data.get("features", [])) != list(FEATURES):
-            raise TSSError(
-                f"DIVERSED weight policy {str(p)!r} was trained on features {data.get('features')}; this version uses "
-                f"{list(FEATURES)}: retrain it"
-            )
-        return cls(torch.tensor(data["theta"], dtype=torch.float64))
