@@ -61,3 +61,20 @@ def test_sweep_writes_table_four(tmp_path):
     data = json.loads((rep / "sweep_qa.json").read_text())
     assert [row["label"] for row in data["rows"]] == ["+5%", "-10%"]
     assert data["rows"][0]["settings"]["eps_accept"] == -0.05 and data["rows"][1]["settings"]["eps_accept"] == 0.1
+
+
+def test_replay_throughput_is_never_shown_as_a_decoding_speed():
+    from omegaconf import OmegaConf
+
+    from tss_opt.cli.compare import REPLAY_NOTE, hide_replay_speed
+    from tss_opt.report.compare import ComparisonRow
+
+    def row() -> ComparisonRow:
+        return ComparisonRow(label="beam", study_name="s", skip_set=[3], sparsity=0.1,
+                             calibration={"accept_length": 2.0, "metric": 0.1, "tokens_per_s": 49.3}, curve=[])
+
+    replay, engine = row(), row()
+    cfg = OmegaConf.create({"evaluator": {"_target_": "tss_opt.assembly.build_replay_evaluator"}})
+    assert hide_replay_speed(cfg, [replay]) == REPLAY_NOTE and replay.calibration["tokens_per_s"] is None
+    cfg = OmegaConf.create({"evaluator": {"_target_": "tss_opt.assembly.build_evaluator"}})
+    assert hide_replay_speed(cfg, [engine]) == "" and engine.calibration["tokens_per_s"] == 49.3

@@ -88,6 +88,22 @@ class HeldoutSets:
         return self.done.get(frozenset(skip), {})
 
 
+REPLAY_NOTE = (
+    "cal tok/s: not shown, the search ran evaluator=replay, whose timing is the batched replay's, not "
+    "speculative decoding's; ho tok/s are real speculative decoding, every set interleaved per prompt."
+)
+
+
+def hide_replay_speed(cfg: DictConfig, rows: list[Any]) -> str:
+    """With ``evaluator=replay``, blank the rows' calibration tok/s and return the note saying
+    why (empty otherwise): a replay's throughput must not read as a decoding speed."""
+    if "replay" not in str(cfg.evaluator.get("_target_", "")):
+        return ""
+    for row in rows:
+        row.calibration["tokens_per_s"] = None
+    return REPLAY_NOTE
+
+
 def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
     """The search's evaluator (``evaluator._target_``), sharing one loaded model.
 
@@ -167,7 +183,10 @@ def compare(cfg: DictConfig) -> list[Any]:
         log.info("measurements shared between studies: %d of %d requests answered from memory",
                  evaluator.hits, evaluator.hits + evaluator.misses)
     metric = evaluator.metric_name if hasattr(evaluator, "metric_name") else "metric"
+    note = hide_replay_speed(cfg, rows + ([dense] if dense is not None else []))
     md = comparison_markdown(rows, metric_name=metric, domain=domain.name, dense=dense)
+    if note:
+        md += "\n\n" + note
     budget = cfg.search.max_trials
     meta = {
         "domain": domain.name, "model": rt.loaded.model_id, "drafter": rt.drafter_cfg.get("name"),

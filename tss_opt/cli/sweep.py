@@ -16,7 +16,13 @@ from omegaconf import DictConfig
 
 from tss_opt.assembly import assemble, require_domain
 from tss_opt.cli.common import hydra_entry
-from tss_opt.cli.compare import HeldoutSets, calibration_evaluator, run_study, with_search
+from tss_opt.cli.compare import (
+    HeldoutSets,
+    calibration_evaluator,
+    hide_replay_speed,
+    run_study,
+    with_search,
+)
 from tss_opt.errors import UsageError
 
 log = logging.getLogger("tss_opt.cli")
@@ -63,7 +69,10 @@ def sweep(cfg: DictConfig) -> list[Any]:
         log.info("measurements shared between studies: %d of %d requests answered from memory",
                  evaluator.hits, evaluator.hits + evaluator.misses)
     metric = getattr(evaluator, "metric_name", "metric")
+    note = hide_replay_speed(cfg, rows)
     md = sweep_markdown(rows, metric_name=metric, domain=domain.name)
+    if note:
+        md += "\n\n" + note
     meta = {"domain": domain.name, "model": rt.loaded.model_id, "mode": cfg.search.mode, "metric": metric,
             "heldout_prompts": heldout.prompts}
     paths = write_rows(rows, md, cfg.report_dir, f"sweep_{domain.name}", meta)
