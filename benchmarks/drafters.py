@@ -35,7 +35,9 @@ sys.path.insert(0, str(REPO))
 
 import _measure as bench  # noqa: E402
 
-REPORT_FILES = ("train_report.json", "t2d_report.json")
+# EAGLE heads: training.json (its "seconds": the training loop); T2D: t2d_report.json ("total_s":
+# search + distillation).
+REPORT_FILES = ("training.json", "t2d_report.json")
 
 
 @dataclass
@@ -54,12 +56,12 @@ def shipped(name: str, **over: Any) -> dict[str, Any]:
 
 
 def training_seconds(folder: Path) -> float | None:
-    """The training wall time its trainer recorded (``total_s`` / ``wall_s``), if any."""
+    """The training wall time its trainer recorded, if any (data preparation not included)."""
     for name in REPORT_FILES:
         p = folder / name
         if p.is_file():
             data = json.loads(p.read_text())
-            for key in ("total_s", "wall_s", "train_s"):
+            for key in ("total_s", "seconds"):
                 if isinstance(data.get(key), (int, float)):
                     return float(data[key])
     return None

@@ -193,3 +193,27 @@ def test_negative_tolerance_requires_a_gain():
     assert math.isclose(thr.accept, 2.1)
     with pytest.raises(ValueError, match="-1 < eps_accept < 0 to require a gain"):
         SearchSettings(eps_accept=-1.0)
+
+
+def test_a_resumed_optuna_search_keeps_the_paired_rule():
+    """Optuna-sampler trials store per_prompt like breadth-first ones: a resumed search rebuilds
+    the paired rule from the stored dense trial, so every trial has the same constraints (GP
+    refuses a study whose trials differ) and feasibility does not change on resume."""
+    from search_noisy import NoisyLandscape
+
+    class Interrupting(NoisyLandscape):
+        def __call__(self, skip, prompt_ids=None):
+            if self.calls >= 4:
+                raise KeyboardInterrupt
+            return super().__call__(skip, prompt_ids)
+
+    effects = [(0.0, 0.0, 0.1)] * 6
+    storage = optuna.storages.InMemoryStorage()
+    kw = dict(mode="tpe", max_trials=8, seed=0, feasibility="paired", early_barrier=0, latter_barrier=0)
+    with pytest.raises(KeyboardInterrupt):
+        _run(Interrupting(effects), storage=storage, **kw)
+    _run(NoisyLandscape(effects), storage=storage, **kw)
+    trials = [t for t in optuna.load_study(study_name="s", storage=storage).trials if t.state.name == "COMPLETE"]
+    dense = next(t for t in trials if t.user_attrs.get("skip_set") == [])
+    assert "per_prompt" in dense.user_attrs
+    assert {len(t.system_attrs["constraints"]) for t in trials} == {3}  # paired: A, metric, repetition

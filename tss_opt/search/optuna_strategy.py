@@ -199,6 +199,10 @@ class _Run:
         assert self.rule is not None, "the dense baseline runs first"
         for key, value in extras.items():
             trial.set_user_attr(key, value)
+        if m.per_prompt is not None:
+            # As a breadth-first trial stores it: a resumed search rebuilds the same (paired)
+            # rule from the stored dense trial, and the same number of constraints per trial.
+            trial.set_user_attr("per_prompt", m.per_prompt.to_dict())
         feasible = self._constraints(trial, self.rule, m)
         trial.set_user_attr("feasible", feasible)
         self.progress.trial(trial.number, config, m, feasible)
