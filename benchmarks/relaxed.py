@@ -36,9 +36,17 @@ from tss_opt.evaluation.decoding.verification import Verifier  # noqa: E402
 from tss_opt.evaluation.relaxed import dense_reference  # noqa: E402
 from tss_opt.evaluation.relaxed_choice import RelaxedChoice, tune_relaxed  # noqa: E402
 
-# TSS skip sets: summarization's from the held-out report (docs/results/heldout.md); for
-# translation, the set FACTS.md found harmless on SmolLM2; qa's from its search.
-TSS_SKIP = {"summarization": (22,), "translation": (6, 21, 25), "qa": (8, 25)}
+# The domains' TSS skip sets: the mapping the CPU preset's searches wrote (docs/results); a
+# domain it keeps dense (every one but mmlu there) runs dense under "TSS" too.
+DEFAULT_MAPPING = REPO / "docs" / "results" / "mapping_cpu_preset.yaml"
+
+
+def mapped_skip(mapping_path: str, domain: str) -> tuple[int, ...]:
+    """The domain's skip set in ``mapping_path`` (empty when unmapped or dense)."""
+    from tss_opt.mapping import load_mapping
+
+    entry = load_mapping(mapping_path).entry_for(domain)
+    return tuple(entry.skip_set) if entry is not None else ()
 
 
 def parse_layers(text: str) -> list[int]:
@@ -102,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eps", type=float, default=0.05, help="metric tolerance (relative) of the paired rule")
     ap.add_argument("--confidence", type=float, default=0.8, help="one-sided confidence of the paired rule")
     ap.add_argument("--tss-skip", default=None, help="one TSS skip set for every domain (e.g. 22 or 6,21,25)")
+    ap.add_argument("--mapping", default=str(DEFAULT_MAPPING), help="without --tss-skip: each domain's skip set from this mapping")
     ap.add_argument("--drafter", choices=("self", "eagle"), default="self")
     ap.add_argument(
         "--draft-skip", default="12-15",
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             [f"+domain={domain}", *overrides, f"threads={args.threads}", f"model.cache_dir={REPO / 'storage' / 'models'}"]
         )
         rt = rt or assemble(cfg)
-        skip = frozenset(parse_layers(args.tss_skip) if args.tss_skip is not None else TSS_SKIP.get(domain, ()))
+        skip = frozenset(parse_layers(args.tss_skip) if args.tss_skip is not None else mapped_skip(args.mapping, domain))
         cal = build_evaluator(cfg, runtime=rt, split="calibration", prompts=args.calib_prompts)
         cal.max_new_tokens, cal.show_progress = args.calib_tokens, False
         rule = dict(eps=args.eps, confidence=args.confidence, epochs=args.epochs)

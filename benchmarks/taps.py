@@ -80,7 +80,7 @@ def main() -> None:
     for dom_name in args.domains.split(","):
         domain = bench.load_named_domain(dom_name)
         examples = domain.split(args.split)[: args.prompts]
-        methods = [bench.Method(label, cfg, s) for s in ((), skip) for label, cfg in specs]
+        methods = [bench.Method(label, cfg, s) for s in dict.fromkeys(((), skip)) for label, cfg in specs]
         seconds = bench.measure_domain(rt, methods, domain, dom_name, examples, args.max_new_tokens)
         refs = [list(ex.references) for ex in examples]
         metric = domain.metric
