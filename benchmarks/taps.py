@@ -41,7 +41,7 @@ def member_cfg(spec: str) -> tuple[str, dict[str, Any]]:
         path = spec.split(":", 1)[1]
         if not path:
             raise SystemExit("--members: eagle:DIR needs the head directory (or eagle:random)")
-        head = {"random_init": True, "path": None} if path == "random" else {"path": path}
+        head = {"random_init": True, "checkpoint": None} if path == "random" else {"checkpoint": path}
         label = "eagle" if path == "random" else f"eagle:{Path(path).name}"
         return label, bench.shipped_drafter("eagle", **head)
     return spec, bench.shipped_drafter(spec)
