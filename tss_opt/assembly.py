@@ -310,7 +310,7 @@ def check_distribution_drafter(mode: Any, drafter: dict[str, Any]) -> None:
     from tss_opt.evaluation.decoding.verification import DISTRIBUTION_DRAFTERS, refuse_drafter
 
     name = str(drafter.get("name"))
-    builders = ("build_self", "build_draft_model", "build_eagle")
+    builders = ("build_self", "build_draft_model", "build_eagle", "build_t2d")
     if name not in DISTRIBUTION_DRAFTERS and not str(drafter.get("_target_", "")).endswith(builders):
         raise refuse_drafter(mode, name)
 

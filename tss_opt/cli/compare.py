@@ -87,6 +87,19 @@ class HeldoutSets:
     def __call__(self, skip: list[int]) -> dict[str, float | None]:
         return self.done.get(frozenset(skip), {})
 
+    def fill(self, rows: list[Any]) -> None:
+        """Measure every added set, then give each row its set's held-out figures."""
+        self.measure()
+        for row in rows:
+            row.heldout = self(row.skip_set)
+
+
+def log_shared(evaluator: Any) -> None:
+    """Say how many requests the studies' shared measurements answered (MemoEvaluator)."""
+    if hasattr(evaluator, "hits"):
+        log.info("measurements shared between studies: %d of %d requests answered from memory",
+                 evaluator.hits, evaluator.hits + evaluator.misses)
+
 
 REPLAY_NOTE = (
     "cal tok/s: not shown, the search ran evaluator=replay, whose timing is the batched replay's, not "
@@ -176,12 +189,8 @@ def compare(cfg: DictConfig) -> list[Any]:
                 heldout={}, curve=[], evaluations=0,
             )
             dense_cost = float(b["cost"]) if "cost" in b else None
-    heldout.measure()
-    for row in rows + ([dense] if dense is not None else []):
-        row.heldout = heldout(row.skip_set)
-    if hasattr(evaluator, "hits"):
-        log.info("measurements shared between studies: %d of %d requests answered from memory",
-                 evaluator.hits, evaluator.hits + evaluator.misses)
+    heldout.fill(rows + ([dense] if dense is not None else []))
+    log_shared(evaluator)
     metric = evaluator.metric_name if hasattr(evaluator, "metric_name") else "metric"
     note = hide_replay_speed(cfg, rows + ([dense] if dense is not None else []))
     md = comparison_markdown(rows, metric_name=metric, domain=domain.name, dense=dense)

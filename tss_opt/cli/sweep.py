@@ -9,7 +9,6 @@ requires a 5 % gain (our ``eps = -0.05``). Writes ``sweep_<domain>.md`` / ``.jso
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from omegaconf import DictConfig
@@ -20,12 +19,11 @@ from tss_opt.cli.compare import (
     HeldoutSets,
     calibration_evaluator,
     hide_replay_speed,
+    log_shared,
     run_study,
     with_search,
 )
 from tss_opt.errors import UsageError
-
-log = logging.getLogger("tss_opt.cli")
 
 
 def label(t: float) -> str:
@@ -62,12 +60,8 @@ def sweep(cfg: DictConfig) -> list[Any]:
         heldout.add(row.skip_set)
         row.settings = {"tolerance": t, "eps_accept": eps, "eps_metric": eps, "tau_accept": eps, "tau_metric": eps}
         rows.append(row)
-    heldout.measure()
-    for row in rows:
-        row.heldout = heldout(row.skip_set)
-    if hasattr(evaluator, "hits"):
-        log.info("measurements shared between studies: %d of %d requests answered from memory",
-                 evaluator.hits, evaluator.hits + evaluator.misses)
+    heldout.fill(rows)
+    log_shared(evaluator)
     metric = getattr(evaluator, "metric_name", "metric")
     note = hide_replay_speed(cfg, rows)
     md = sweep_markdown(rows, metric_name=metric, domain=domain.name)

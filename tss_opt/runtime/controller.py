@@ -36,7 +36,7 @@ from tss_opt.evaluation.decoding.engine import SCOPES, SpeculativeEngine
 from tss_opt.evaluation.decoding.skip import validate_skip
 from tss_opt.evaluation.decoding.stats import DecodeStats
 from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.verification import DISTRIBUTION_DRAFTERS, Verifier, refuse_drafter
+from tss_opt.evaluation.decoding.verification import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
 from tss_opt.mapping.rule import entry_verifier
@@ -314,7 +314,7 @@ class TSSController:
         Raises:
             MappingError: Missing, corrupt or other-model mapping.
         """
-        from tss_opt.assembly import assemble, build_verifier
+        from tss_opt.assembly import assemble, build_verifier, check_distribution_drafter
 
         mapping = load_mapping(cfg.mapping_path)  # fail before loading a model for nothing
         rt = runtime or assemble(cfg)
@@ -335,11 +335,11 @@ class TSSController:
         if with_router and mapping.entries:
             router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id), mapping.domains)
         entry_rules = bool(cfg.get("serve_lossy_entries", True))
-        drafter_name = str(drafter or "")
-        for d, e in mapping.entries.items():
-            if entry_rules and e.lossy and drafter_name not in DISTRIBUTION_DRAFTERS:
-                raise refuse_drafter(f"{e.verification} (mapping entry {d!r}; serve_lossy_entries=false serves it exact)",
-                                     drafter_name)
+        for d, e in sorted(mapping.entries.items()):
+            if entry_rules and e.lossy:
+                check_distribution_drafter(
+                    f"{e.verification} (mapping entry {d!r}; serve_lossy_entries=false serves it exact)", rt.drafter_cfg
+                )
         return cls(
             rt.target,
             rt.loaded.tokenizer,

@@ -123,10 +123,11 @@ def evaluate_skip_set(
     return TrialEvaluation(m, extras, done, bool(why), why, len(parts))
 
 
-# Totals over prompts (summed across chunks) and costs per committed token (pooled by
-# committed tokens) in the engine's and replay evaluator's results.
+# Extra keys of the engine's and replay evaluator's results: totals over prompts (summed
+# across chunks) and costs per committed token (pooled by committed tokens, as the ``cost``
+# objective is).
 TOTALS: tuple[str, ...] = ("new_tokens", "steps", "wall_s")
-PER_COMMITTED_TOKEN: tuple[str, ...] = ("cost", "cost_analytic", "cost_measured")
+PER_COMMITTED_TOKEN: tuple[str, ...] = ("cost_analytic", "cost_measured")
 
 
 def merge_chunks(
