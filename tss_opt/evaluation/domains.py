@@ -386,16 +386,7 @@ def load_domain(cfg: DomainConfig | Mapping[str, Any]) -> Domain:
     label, records = _read_records(config.data, config.name)
     needs_refs = [m.name for m in metrics if m.needs_references]
     pool: list[Example] = []
-    first_line: dict[str, int] = {}
-    for line, record in records[: config.pool_size]:
-        where = f"{label}:{line}"
-        example = _make_example(record, where, config, line)
-        if example.id in first_line:
-            raise DomainError(
-                f"{where}: duplicate id {example.id!r} (first at line {first_line[example.id]}); "
-                "ids must be unique within a domain."
-            )
-        first_line[example.id] = line
+    for where, example in _unique_examples(records[: config.pool_size], label, config, "a domain"):
         if needs_refs and not example.references:
             raise DomainError(
                 f"{where}: record {example.id!r} has no references, but metric "
@@ -420,7 +411,18 @@ def read_examples(data: str, config: DomainConfig | Mapping[str, Any]) -> list[E
     """
     config = _to_config(config)
     label, records = _read_records(data, config.name)
-    out: list[Example] = []
+    return [example for _, example in _unique_examples(records, label, config, "a file")]
+
+
+def _unique_examples(
+    records: Sequence[tuple[int, Any]], label: str, config: DomainConfig, within: str
+) -> list[tuple[str, Example]]:
+    """``(where, example)`` per record (``where`` = ``label:line``), refusing a repeated id.
+
+    Raises:
+        DomainError: a malformed record, or an id seen before (``within`` names the scope).
+    """
+    out: list[tuple[str, Example]] = []
     first_line: dict[str, int] = {}
     for line, record in records:
         where = f"{label}:{line}"
@@ -428,10 +430,10 @@ def read_examples(data: str, config: DomainConfig | Mapping[str, Any]) -> list[E
         if example.id in first_line:
             raise DomainError(
                 f"{where}: duplicate id {example.id!r} (first at line {first_line[example.id]}); "
-                "ids must be unique within a file."
+                f"ids must be unique within {within}."
             )
         first_line[example.id] = line
-        out.append(example)
+        out.append((where, example))
     return out
 
 
