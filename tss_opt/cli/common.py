@@ -74,6 +74,19 @@ def _print_traceback() -> None:
     print(mask_secrets(traceback.format_exc()), file=sys.stderr, end="")
 
 
+class QuietInterrupt(logging.Filter):
+    """Drops Optuna's "trial failed ... KeyboardInterrupt()" warning with its traceback, and the
+    "Trial N failed with value None." line that follows every failed trial: Ctrl-C is reported
+    by the command's one line (the trial is resumed, not counted as a crash), and a real
+    failure keeps Optuna's first warning with the error and its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, KeyboardInterrupt):
+            return False
+        return not record.getMessage().endswith("failed with value None.")
+
+
 def setup(cfg: DictConfig) -> None:
     import warnings
 
@@ -85,6 +98,9 @@ def setup(cfg: DictConfig) -> None:
     install_secret_filter()
     # Our own progress lines say per trial what Optuna's INFO lines repeat.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger("optuna").handlers:
+        if not any(isinstance(f, QuietInterrupt) for f in handler.filters):
+            handler.addFilter(QuietInterrupt())
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
