@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 
 from tss_opt.assembly import Assembly, assemble, compose_config
 from tss_opt.config import config_dir
-from tss_opt.evaluation.decoding.drafters import build_drafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.prefill import dense_prefill
+from tss_opt.decoding.drafters import build_drafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.prefill import dense_prefill
 from tss_opt.evaluation.domains import Domain, format_prompt, load_domain
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tss_opt.assembly import assemble, compose_config  # noqa: E402
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine  # noqa: E402
-from tss_opt.evaluation.decoding.target import TargetModel  # noqa: E402
+from tss_opt.decoding.engine import SpeculativeEngine  # noqa: E402
+from tss_opt.decoding.target import TargetModel  # noqa: E402
 from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
 
 SKIP3 = (6, 21, 25)  # layers FACTS.md found harmless one by one on summarization
@@ -75,7 +75,7 @@ def tree_drafter_factories(target: TargetModel, loaded) -> dict[str, Callable]:
     """Tree drafters (Token Recycling, SAMD, EAGLE with a random head), when available."""
     out: dict[str, Callable] = {}
     try:
-        from tss_opt.evaluation.decoding.drafters.registry import build_drafter
+        from tss_opt.decoding.drafters.registry import build_drafter
     except ImportError:
         return out
     specs = {
@@ -105,7 +105,7 @@ def overhead(model, target: TargetModel, ids: torch.Tensor, steps: int, rounds: 
     """Decode steps on the untouched model vs inside an empty skip context, in pairs whose
     order alternates; returns (median s/step untouched, median s/step through the skip
     mechanism, median of the per-pair ratios)."""
-    from tss_opt.evaluation.decoding.cache import SkipAwareCache
+    from tss_opt.decoding.cache import SkipAwareCache
 
     @torch.inference_mode()
     def loop() -> float:
@@ -159,7 +159,7 @@ def main() -> None:
         loaded, target = rt.loaded, rt.target
         model, tok = loaded.model, loaded.tokenizer
         eos = [tok.eos_token_id]
-        from tss_opt.evaluation.decoding.drafters import PromptLookupDrafter
+        from tss_opt.decoding.drafters import PromptLookupDrafter
 
         sparse_greedy = engine_method(target, lambda: None, eos, skip=SKIP3)
 

@@ -3,7 +3,7 @@ weight) vs CoSpec (threshold and learned), each dense and with a TSS skip set, o
 prompts; settings chosen on calibration prompts.
 
 Per domain the settings are tuned on the calibration prompts under the TSS skip set, as
-``python -m tss_opt.cli.tune_verification`` does (:func:`tss_opt.evaluation.relaxed_choice.tune_relaxed`,
+``python -m tss_opt.cli.tune_verification`` does (:func:`tss_opt.training.relaxed_choice.tune_relaxed`,
 paired metric rule against dense exact): DIVERSED's grid of fixed weights and its learned,
 context-dependent weight; CoSpec's threshold rule and its learned policy. Then every method
 runs the held-out prompts. LOSSY rows show their metric change beside their speedup.
@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tss_opt.assembly import assemble, build_evaluator, compose_config  # noqa: E402
-from tss_opt.evaluation.decoding.arbitration import ThresholdPolicy  # noqa: E402
-from tss_opt.evaluation.decoding.verification import Verifier  # noqa: E402
-from tss_opt.evaluation.relaxed import dense_reference  # noqa: E402
-from tss_opt.evaluation.relaxed_choice import RelaxedChoice, tune_relaxed  # noqa: E402
+from tss_opt.decoding.verify.arbitration import ThresholdPolicy  # noqa: E402
+from tss_opt.decoding.verify.relaxed import Verifier  # noqa: E402
+from tss_opt.training.relaxed import dense_reference  # noqa: E402
+from tss_opt.training.relaxed_choice import RelaxedChoice, tune_relaxed  # noqa: E402
 
 # The domains' TSS skip sets: the mapping the CPU preset's searches wrote (docs/results); a
 # domain it keeps dense (every one but mmlu there) runs dense under "TSS" too.
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("tss_opt.evaluation.relaxed").setLevel(logging.INFO)
-    logging.getLogger("tss_opt.evaluation.relaxed_choice").setLevel(logging.INFO)
+    logging.getLogger("tss_opt.training.relaxed").setLevel(logging.INFO)
+    logging.getLogger("tss_opt.training.relaxed_choice").setLevel(logging.INFO)
     overrides, drafter_line = drafter_overrides(args)
     weights = [float(w) for w in args.weights.split(",")]
     lines = [

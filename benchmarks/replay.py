@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tss_opt.assembly import assemble, compose_config, require_domain  # noqa: E402
-from tss_opt.evaluation.decoding.drafters import PromptLookupDrafter  # noqa: E402
+from tss_opt.decoding.drafters import PromptLookupDrafter  # noqa: E402
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator  # noqa: E402
 from tss_opt.evaluation.replay import ReplayEvaluator  # noqa: E402
 

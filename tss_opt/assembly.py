@@ -20,8 +20,8 @@ from tss_opt.config import SearchSettings, config_dir
 from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
-    from tss_opt.evaluation.decoding import Drafter, TargetModel
-    from tss_opt.evaluation.decoding.verification import Verifier
+    from tss_opt.decoding import Drafter, TargetModel
+    from tss_opt.decoding.verify.relaxed import Verifier
     from tss_opt.evaluation.domains import Domain
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
     from tss_opt.evaluation.replay import ReplayEvaluator
@@ -147,7 +147,7 @@ class Assembly:
 
     def new_drafter(self) -> Drafter | None:
         """A fresh drafter (its own state); weights it only reads are shared per process."""
-        from tss_opt.evaluation.decoding.drafters import build_drafter
+        from tss_opt.decoding.drafters import build_drafter
 
         return build_drafter(self.drafter_cfg, self.target, self.loaded)
 
@@ -161,7 +161,7 @@ class Assembly:
 
 def assemble(cfg: DictConfig) -> Assembly:
     """Load the configured model and wrap it as a skippable target with its drafter config."""
-    from tss_opt.evaluation.decoding import TargetModel
+    from tss_opt.decoding import TargetModel
     from tss_opt.models import load_model
 
     loaded = load_model(model_config(cfg))
@@ -285,7 +285,7 @@ def build_verifier(cfg: DictConfig, drafter_cfg: dict[str, Any] | None = None) -
             drafter without distributions, a missing policy file.
     """
     from tss_opt.config import Verification
-    from tss_opt.evaluation.decoding.verification import Verifier, verifier_from_settings
+    from tss_opt.decoding.verify.relaxed import Verifier, verifier_from_settings
 
     mode = Verification.parse("verification", str(cfg.get("verification") or "exact"))
     if mode is Verification.exact:
@@ -307,7 +307,7 @@ def check_distribution_drafter(mode: Any, drafter: dict[str, Any]) -> None:
     Raises:
         RelaxedVerificationError: naming the drafter and the ones that give distributions.
     """
-    from tss_opt.evaluation.decoding.verification import DISTRIBUTION_DRAFTERS, refuse_drafter
+    from tss_opt.decoding.verify.relaxed import DISTRIBUTION_DRAFTERS, refuse_drafter
 
     name = str(drafter.get("name"))
     builders = ("build_self", "build_draft_model", "build_eagle", "build_t2d")
@@ -354,7 +354,7 @@ def protocol(cfg: DictConfig) -> dict[str, Any]:
 
 def _verification_label(cfg: DictConfig) -> str:
     """``exact``, or the relaxed rule with its settings (``diversed(w=0.6)``, ...)."""
-    from tss_opt.evaluation.decoding.verification import settings_label
+    from tss_opt.decoding.verify.relaxed import settings_label
 
     return settings_label(str(cfg.get("verification") or "exact"), relaxed_settings(cfg))
 

@@ -37,7 +37,7 @@ def test_every_user_error_is_a_tss_error() -> None:
     from tss_opt.models.loading import ModelLoadError
     from tss_opt.report.heldout import ReportError
     from tss_opt.search import SearchSettingsError
-    from tss_opt.search.evaluator import EvaluatorError
+    from tss_opt.search.contract import EvaluatorError
     from tss_opt.search.run import SearchError
     from tss_opt.search.study import StudyMismatchError
     from tss_opt.storage import StorageError

@@ -14,8 +14,8 @@ from hydra import compose, initialize_config_dir
 from tss_opt.assembly import assemble
 from tss_opt.cli.train_drafter import train_drafter, train_settings, training_domains
 from tss_opt.config import config_dir, register_configs
+from tss_opt.decoding.drafters import EagleDrafter
 from tss_opt.errors import TSSError, UsageError
-from tss_opt.evaluation.decoding.drafters import EagleDrafter
 from tss_opt.evaluation.domains import DomainError
 from tss_opt.training import TrainingDataError, TrainingSettingsError
 
@@ -111,7 +111,7 @@ def test_t2d_through_the_command_writes_a_drafter_that_decodes(tmp_path: Path, m
     assert report.eval_agreement_after is not None  # measured on the validation prompts
     printed = capsys.readouterr().out
     assert "kept layers" in printed and "drafter=t2d drafter.path=storage/drafters/tiny/qa/t2d" in printed
-    from tss_opt.evaluation.decoding.drafters import build_drafter
+    from tss_opt.decoding.drafters import build_drafter
 
     rt = assemble(_compose(["+model=tiny"]))
     assert build_drafter({"name": "t2d", "path": str(out)}, rt.target, rt.loaded) is not None

@@ -13,8 +13,8 @@ import yaml
 
 from tss_opt.assembly import compose_config
 from tss_opt.cli.tune_verification import tune_verification
+from tss_opt.decoding.verify.relaxed import RelaxedVerificationError
 from tss_opt.errors import UsageError
-from tss_opt.evaluation.decoding.verification import RelaxedVerificationError
 from tss_opt.mapping import MappingEntry, load_mapping, write_entry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import torch
 
-from tss_opt.evaluation.decoding.cache import SkipAwareCache
-from tss_opt.evaluation.decoding.skip import SkipController
+from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.skip import SkipController
 
 
 @torch.inference_mode()

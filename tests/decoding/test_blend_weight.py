@@ -15,24 +15,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.accept import (
+from tss_opt.decoding.drafters import EagleDrafter, SelfDrafter, random_eagle_head
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.decoding.verify.accept import (
     PositionalSampler,
     accept_coupled,
     accept_greedy,
     accept_sampling,
 )
-from tss_opt.evaluation.decoding.arbitration import FEATURES, LogisticPolicy
-from tss_opt.evaluation.decoding.blend_weight import FixedWeight, LearnedWeight, WeightPolicy
-from tss_opt.evaluation.decoding.drafters import EagleDrafter, SelfDrafter, random_eagle_head
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.decoding.verification import (
+from tss_opt.decoding.verify.arbitration import FEATURES, LogisticPolicy
+from tss_opt.decoding.verify.blend_weight import FixedWeight, LearnedWeight, WeightPolicy
+from tss_opt.decoding.verify.relaxed import (
     RelaxedVerificationError,
     Verifier,
     verifier_from_settings,
 )
+from tss_opt.errors import TSSError
 
 N_NEW = 32
 

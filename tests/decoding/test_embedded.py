@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from reference import greedy_dense_prefill, greedy_no_cache
 
-from tss_opt.evaluation.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, SelfDrafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, SelfDrafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
 
 pytestmark = pytest.mark.slow
 N_NEW = 24

@@ -6,10 +6,10 @@ import pytest
 import torch
 from reference import greedy_dense_prefill, greedy_no_cache
 
-from tss_opt.evaluation.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, SelfDrafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.skip import SkipError
-from tss_opt.evaluation.decoding.target import ContextLengthError, TargetModel
+from tss_opt.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, SelfDrafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.skip import SkipError
+from tss_opt.decoding.target import ContextLengthError, TargetModel
 from tss_opt.models import ModelConfig, load_model
 
 N_NEW = 40

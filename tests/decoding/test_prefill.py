@@ -6,10 +6,10 @@ import pytest
 import torch
 from reference import greedy_dense_prefill
 
-from tss_opt.evaluation.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.prefill import dense_prefill
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.prefill import dense_prefill
+from tss_opt.decoding.target import TargetModel
 
 N_NEW = 30
 

@@ -12,24 +12,24 @@ import pytest
 import torch
 
 from tss_opt.config import Verification
-from tss_opt.evaluation.decoding.accept import (
+from tss_opt.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, SelfDrafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.decoding.verify.accept import (
     PositionalSampler,
     accept_coupled,
     accept_greedy,
     accept_sampling,
 )
-from tss_opt.evaluation.decoding.arbitration import (
+from tss_opt.decoding.verify.arbitration import (
     FEATURES,
     AlwaysTarget,
     ArbitrationPolicy,
     LogisticPolicy,
     ThresholdPolicy,
 )
-from tss_opt.evaluation.decoding.drafters import DraftModelDrafter, PromptLookupDrafter, SelfDrafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.decoding.verification import (
+from tss_opt.decoding.verify.relaxed import (
     DISTRIBUTION_DRAFTERS,
     RelaxedVerificationError,
     Verifier,

@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 import torch
 
-from tss_opt.evaluation.decoding.accept import accept_sampling
-from tss_opt.evaluation.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.drafters import DraftModelDrafter, PromptLookupDrafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.decoding.verify.accept import accept_sampling
 
 N = 20000
 
@@ -91,7 +91,7 @@ def test_seeded_sampling_equals_plain_sampling_for_deterministic_drafters(tiny, 
     """With deterministic drafts the coupled rule commits exactly plain sampling's tokens, so
     a drafter's state (a Token Recycling table kept across requests) never changes a seeded
     output; the same engine called twice gives the same tokens."""
-    from tss_opt.evaluation.decoding.drafters import TokenRecycleDrafter
+    from tss_opt.decoding.drafters import TokenRecycleDrafter
 
     prompt = tiny.tokenizer("ab ab ab ab abc abc", return_tensors="pt").input_ids[0]
     target = TargetModel(tiny.model)

@@ -6,9 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir
+from tss_opt.decoding.drafters import PromptLookupDrafter, TokenRecycleDrafter
+from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.cost import analytic_cost
-from tss_opt.evaluation.decoding.drafters import PromptLookupDrafter, TokenRecycleDrafter
-from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share

@@ -12,8 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir
-from tss_opt.evaluation.decoding.drafter import Drafter
-from tss_opt.evaluation.decoding.drafters import (
+from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.drafters import (
     DraftModelDrafter,
     EagleDrafter,
     PromptLookupDrafter,
@@ -22,8 +22,8 @@ from tss_opt.evaluation.decoding.drafters import (
     TokenRecycleDrafter,
     random_eagle_head,
 )
-from tss_opt.evaluation.decoding.engine import NoDrafter, SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.engine import NoDrafter, SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 from tss_opt.evaluation.replay import ReplayError, ReplayEvaluator, batched_greedy, replay_stats
@@ -185,7 +185,7 @@ def test_config_group_builds_the_replay_evaluator(tiny64):
 
 def _margin(target: TargetModel, prompt: torch.Tensor, prefix: list[int], skip) -> float:
     """Top-1 minus top-2 logit of the target (dense prefill, sparse after) after ``prompt + prefix``."""
-    from tss_opt.evaluation.decoding.tree import DraftTree
+    from tss_opt.decoding.tree import DraftTree
 
     cache = target.new_cache()
     with target.skip(()):

@@ -10,9 +10,9 @@ import matplotlib.image
 import pytest
 from report_data import VALIDATED_ENTRY
 
-from tss_opt.evaluation.decoding import engine as engine_mod
-from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding import engine as engine_mod
+from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
 from tss_opt.mapping import MappingError, export_mapping, load_mapping
@@ -169,7 +169,7 @@ def test_runs_interleave_dense_and_tss_per_prompt(tiny, target, tmp_path, monkey
 
 
 def test_outputs_equal_the_engine_per_skip_set(tiny, target, tmp_path):
-    from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+    from tss_opt.decoding.engine import SpeculativeEngine
     from tss_opt.evaluation.domains import format_prompt
 
     domain = make_domain(tmp_path, "qa")

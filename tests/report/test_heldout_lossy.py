@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tss_opt.evaluation.decoding.drafters import PromptLookupDrafter, SelfDrafter
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.drafters import PromptLookupDrafter, SelfDrafter
+from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.mapping import DomainMapping, MappingEntry, MappingError
 from tss_opt.report import ReportError, run_heldout, write_report

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from runtime_support import mapping_data
 
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.target import TargetModel
 from tss_opt.models import LoadedModel
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
 TINY_ID = "tiny-llama-4l-seed0"
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from runtime_support import TINY_ID, pld
 
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.mapping import MappingError, load_mapping
 from tss_opt.runtime import DomainRouter, TSSController
 
@@ -133,7 +133,7 @@ def test_bad_scope_is_refused(tiny, tiny_target, write_mapping):
 def test_same_seed_same_output(tiny_target, tiny, write_mapping) -> None:
     """Issue 15: a seeded request is reproducible through the controller, also with a drafter
     that samples its drafts (its stream restarts per request)."""
-    from tss_opt.evaluation.decoding.drafters import DraftModelDrafter
+    from tss_opt.decoding.drafters import DraftModelDrafter
 
     def drafter() -> DraftModelDrafter:
         return DraftModelDrafter(tiny.model, num_tokens=3, temperature=0.8, skip=[2], seed=1)

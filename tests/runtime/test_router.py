@@ -141,7 +141,7 @@ def test_routing_accuracy_on_the_embedded_model(embedded):
     """Fitted on the 16 calibration prompts of each shipped domain; routed: 16 held-out prompts
     per domain (the benchmark, benchmarks/routing.py, routes all 64)."""
     from tss_opt.config import config_dir
-    from tss_opt.evaluation.decoding.target import TargetModel
+    from tss_opt.decoding.target import TargetModel
     from tss_opt.evaluation.domains import (
         Example,
         available_domains,

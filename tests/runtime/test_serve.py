@@ -91,7 +91,7 @@ def test_empty_mapping_serves_dense_without_fitting_a_router(tmp_path, caplog):
 def test_serve_applies_the_domain_system_prompt_as_the_search_did(write_mapping, tmp_path, monkeypatch):
     """A mapped user domain's ``system_prompt`` (from its --config-dir YAML) is in the request
     ids, exactly as ``format_prompt`` built the search's prompts; other domains get none."""
-    from tss_opt.evaluation.decoding import engine as engine_mod
+    from tss_opt.decoding import engine as engine_mod
     from tss_opt.evaluation.domains import Example, format_prompt
     from tss_opt.runtime import domain_system_prompts
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from training_support import EXTRA, write_toy_domain
 
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Domain, load_domain
 from tss_opt.models import LoadedModel
 

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from training_support import EOS, EXTRA, TOY, settings, write_toy_domain
 
 from tss_opt.config import config_dir
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import (
     Domain,
     available_domains,

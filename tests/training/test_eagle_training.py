@@ -13,7 +13,7 @@ import torch
 from reference import greedy_dense_prefill, greedy_no_cache
 from training_support import EOS, settings
 
-from tss_opt.evaluation.decoding.drafters import (
+from tss_opt.decoding.drafters import (
     DrafterConfigError,
     EagleDrafter,
     EagleHeadError,
@@ -21,8 +21,8 @@ from tss_opt.evaluation.decoding.drafters import (
     load_eagle_head,
     random_eagle_head,
 )
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Domain, format_prompt
 from tss_opt.models import LoadedModel, ModelConfig, TinyConfig, load_model
 from tss_opt.training import (

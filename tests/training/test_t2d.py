@@ -19,10 +19,10 @@ import yaml
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tss_opt.evaluation.decoding.drafters import DrafterConfigError, build_drafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.skip import SkipController
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.drafters import DrafterConfigError, build_drafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.skip import SkipController
+from tss_opt.decoding.target import TargetModel
 from tss_opt.models import LoadedModel, ModelConfig, load_model
 from tss_opt.models.tiny import build_tiny_tokenizer
 from tss_opt.training import t2d, t2d_search, t2d_student

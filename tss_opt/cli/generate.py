@@ -12,9 +12,9 @@ from omegaconf import DictConfig
 
 from tss_opt.assembly import assemble, build_verifier
 from tss_opt.cli.common import hydra_entry
+from tss_opt.decoding.drafters.taps import TapsDrafter, format_member_stats
+from tss_opt.decoding.engine import GenerationResult, SpeculativeEngine
 from tss_opt.errors import UsageError
-from tss_opt.evaluation.decoding.drafters.taps import TapsDrafter, format_member_stats
-from tss_opt.evaluation.decoding.engine import GenerationResult, SpeculativeEngine
 from tss_opt.evaluation.domains import Example, format_prompt
 
 

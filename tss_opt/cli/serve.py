@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 
 from tss_opt.cli.common import hydra_entry
 from tss_opt.cli.generate import format_stats
+from tss_opt.decoding.engine import GenerationResult
 from tss_opt.errors import UsageError
-from tss_opt.evaluation.decoding.engine import GenerationResult
 from tss_opt.report.tables import format_skip_set
 from tss_opt.runtime.controller import ControllerResult, TSSController
 from tss_opt.runtime.router import BACKGROUND

@@ -37,15 +37,15 @@ from tss_opt.config import Verification
 from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
-    from tss_opt.evaluation.relaxed_choice import RelaxedChoice
+    from tss_opt.training.relaxed_choice import RelaxedChoice
 
 log = logging.getLogger("tss_opt.tune_verification")
 
 
 def tune_verification(cfg: DictConfig) -> RelaxedChoice:
-    from tss_opt.evaluation.decoding.skip import validate_skip
-    from tss_opt.evaluation.relaxed_choice import tune_relaxed
+    from tss_opt.decoding.skip import validate_skip
     from tss_opt.mapping import load_mapping, write_entry
+    from tss_opt.training.relaxed_choice import tune_relaxed
 
     domain = require_domain(cfg)
     mode = Verification.parse("verification", str(cfg.get("verification") or "exact"))

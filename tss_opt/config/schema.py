@@ -50,7 +50,7 @@ class RelaxedSettings:
     Attributes:
         weight: DIVERSED's target share ``w`` in [0, 1] of the blend
             ``w * p_target + (1 - w) * p_draft`` (1 = exact); searched per domain by
-            ``python -m tss_opt.cli.tune_verification`` (tss_opt.evaluation.relaxed.search_weight).
+            ``python -m tss_opt.cli.tune_verification`` (tss_opt.training.relaxed.search_weight).
         tau_draft, tau_target: CoSpec's threshold baseline: keep the draft token ``x`` at a
             mismatch when ``p_draft(x) > tau_draft`` and ``p_target(x) > tau_target``.
         policy: a learned CoSpec policy (JSON from ``train_cospec_policy``); ``None`` = the

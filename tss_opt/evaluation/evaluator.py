@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.prefill import DensePrefill, dense_prefill
+from tss_opt.decoding.stats import DecodeStats
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.verify.relaxed import Verifier
 from tss_opt.evaluation.cost import COSTS, analytic_cost, measured_cost
-from tss_opt.evaluation.decoding.drafter import Drafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.prefill import DensePrefill, dense_prefill
-from tss_opt.evaluation.decoding.stats import DecodeStats
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.verification import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.metrics import Metric
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
@@ -284,7 +284,7 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
             and start every evaluation from a copy (decoding/prefill.py; same tokens, no
             prompt forward per trial). Costs memory: one KV cache per prompt is kept.
         verification: the acceptance rule (``"exact"``, or a relaxed, lossy
-            :class:`~tss_opt.evaluation.decoding.verification.Verifier`); results carry its
+            :class:`~tss_opt.decoding.verify.relaxed.Verifier`); results carry its
             label and ``lossy``.
     """
 

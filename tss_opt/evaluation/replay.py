@@ -7,7 +7,7 @@ decoding, a draft model, self-drafting) or on the target's features of committed
 target's greedy outputs, computed for many prompts at once (:func:`batched_greedy`: left
 padding, explicit positions and additive 4-D masks), and a replay of the drafter over each
 output (:func:`replay_stats`) that walks every proposed tree along the output, exactly as
-:func:`~tss_opt.evaluation.decoding.accept.accept_greedy` walks it along the target's
+:func:`~tss_opt.decoding.verify.accept.accept_greedy` walks it along the target's
 argmax. The per-prompt accepted length, tokens and metric equal the engine's (up to
 floating-point near-ties that batching may break differently; tests/evaluation/test_replay.py).
 
@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
+from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.engine import SCOPES, NoDrafter
+from tss_opt.decoding.stats import DecodeStats
+from tss_opt.decoding.target import TargetModel
 from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.cache import SkipAwareCache
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.engine import SCOPES, NoDrafter
-from tss_opt.evaluation.decoding.stats import DecodeStats
-from tss_opt.evaluation.decoding.target import TargetModel
 from tss_opt.evaluation.domains import Example
 from tss_opt.evaluation.evaluator import EvalResult, PromptSetEvaluator
 from tss_opt.evaluation.metrics import Metric
@@ -68,9 +68,9 @@ def default_batch_size(device: torch.device | str) -> int:
 
 # ----------------------------------------------------------------------------- drafters
 def _replayable_types() -> tuple[type, ...]:
-    from tss_opt.evaluation.decoding.drafters.draft_model import DraftModelDrafter
-    from tss_opt.evaluation.decoding.drafters.eagle import EagleDrafter
-    from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
+    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
+    from tss_opt.decoding.drafters.eagle import EagleDrafter
+    from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
     # SelfDrafter subclasses DraftModelDrafter; SamdDrafter is checked with its fallback.
     return (NoDrafter, PromptLookupDrafter, DraftModelDrafter, EagleDrafter)
@@ -87,8 +87,8 @@ def check_replayable(drafter: Drafter | None) -> None:
     Raises:
         ReplayError: naming the drafter and the fix.
     """
-    from tss_opt.evaluation.decoding.drafters.sam import SamdDrafter
-    from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
+    from tss_opt.decoding.drafters.sam import SamdDrafter
+    from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 
     if drafter is None or getattr(drafter, "replayable", False) is True:
         return
@@ -430,7 +430,7 @@ class ReplayEvaluator(PromptSetEvaluator):
         Prompts are batched in the given order, ``batch_size`` at a time; a prompt's figures
         do not depend on its batch (up to floating-point near-ties).
         """
-        from tss_opt.evaluation.decoding.skip import validate_skip
+        from tss_opt.decoding.skip import validate_skip
 
         skip = validate_skip(skip, self.num_layers)
         order = self._check_prompt_ids(prompt_ids)

@@ -8,7 +8,7 @@ so a domain is measured under the rule it is served with.
 
 from __future__ import annotations
 
-from tss_opt.evaluation.decoding.verification import Verifier, verifier_from_settings
+from tss_opt.decoding.verify.relaxed import Verifier, verifier_from_settings
 from tss_opt.mapping.format import MappingEntry, MappingError
 
 

@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tss_opt.evaluation.decoding.drafter import Drafter
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.skip import validate_skip
-from tss_opt.evaluation.decoding.stats import DecodeStats
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.verification import (
+from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.skip import validate_skip
+from tss_opt.decoding.stats import DecodeStats
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.verify.relaxed import (
     Verifier,
     refuse_drafter,
 )

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tss_opt.evaluation.decoding.drafter import Drafter
-from tss_opt.evaluation.decoding.engine import SCOPES, SpeculativeEngine
-from tss_opt.evaluation.decoding.skip import validate_skip
-from tss_opt.evaluation.decoding.stats import DecodeStats
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.verification import Verifier
+from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.engine import SCOPES, SpeculativeEngine
+from tss_opt.decoding.skip import validate_skip
+from tss_opt.decoding.stats import DecodeStats
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.verify.relaxed import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
 from tss_opt.mapping.rule import entry_verifier
@@ -115,7 +115,7 @@ class TSSController:
             ``system_prompt``, as the search formatted its prompts); text requests of other
             domains, and unlabeled ones routed nowhere, get none.
         verification: The acceptance rule: ``"exact"`` (lossless, default) or a relaxed, lossy
-            :class:`~tss_opt.evaluation.decoding.verification.Verifier` (DIVERSED, CoSpec);
+            :class:`~tss_opt.decoding.verify.relaxed.Verifier` (DIVERSED, CoSpec);
             every result's ``stats.verification`` / ``stats.lossy`` says which.
         entry_rules: Serve a domain whose mapping entry carries a lossy rule (written by
             ``tune_verification``) under that rule (default), rather than under

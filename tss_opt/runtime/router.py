@@ -40,7 +40,7 @@ import torch
 from tss_opt.errors import TSSError
 
 if TYPE_CHECKING:
-    from tss_opt.evaluation.decoding.target import TargetModel
+    from tss_opt.decoding.target import TargetModel
     from tss_opt.evaluation.domains import Domain
 
 __all__ = [

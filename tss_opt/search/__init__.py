@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tss_opt.config.search import MODES, SELECTIONS, SearchSettings, SearchSettingsError
 from tss_opt.search.algorithm import Measurement, Thresholds, plan_search
-from tss_opt.search.evaluator import Evaluator, EvaluatorError
+from tss_opt.search.contract import Evaluator, EvaluatorError
 from tss_opt.search.feasibility import FEASIBILITIES, PairedFeasibility, PerPrompt
 from tss_opt.search.identity import StudyMismatchError, settings_hash, study_name_for
 from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord, load_result

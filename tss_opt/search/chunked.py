@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tss_opt.search.algorithm import Config, Measurement, canonical
-from tss_opt.search.evaluator import EvaluatorError, measurement_from
+from tss_opt.search.contract import EvaluatorError, measurement_from
 from tss_opt.search.feasibility import PairedFeasibility, PerPrompt
 
 __all__ = ["TrialEvaluation", "evaluate_skip_set", "merge_chunks"]

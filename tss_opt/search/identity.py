@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage
     from optuna.study import StudyDirection
 
-    from tss_opt.search.evaluator import EvaluatorInfo
+    from tss_opt.search.contract import EvaluatorInfo
 
 __all__ = [
     "IDENTITY_FIELDS",

@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tss_opt.config.search import OPTUNA_MODES, SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, Thresholds, canonical
-from tss_opt.search.evaluator import Evaluator, EvaluatorInfo, measurement_from
+from tss_opt.search.contract import Evaluator, EvaluatorInfo, measurement_from
 from tss_opt.search.progress import Progress
 from tss_opt.search.result import SearchResult
 from tss_opt.search.sampler import BreadthFirstSampler

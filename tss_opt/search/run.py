@@ -13,7 +13,7 @@ from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
 from tss_opt.config.search import BFS_MODES, OPTUNA_MODES, SearchSettings
 from tss_opt.errors import TSSError
-from tss_opt.search.evaluator import Evaluator, describe_evaluator
+from tss_opt.search.contract import Evaluator, describe_evaluator
 from tss_opt.search.note import save_search_note
 from tss_opt.search.optuna_strategy import run_optuna_strategy
 from tss_opt.search.progress import Progress

@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config
-from tss_opt.search.evaluator import EvaluatorInfo, to_json
+from tss_opt.search.contract import EvaluatorInfo, to_json
 from tss_opt.search.identity import (
     IDENTITY_METADATA,
     StudyMismatchError,

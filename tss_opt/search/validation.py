@@ -22,7 +22,7 @@ from typing import Any
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, canonical
-from tss_opt.search.evaluator import EvaluatorError, describe_evaluator, measurement_from
+from tss_opt.search.contract import EvaluatorError, describe_evaluator, measurement_from
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.result import SearchResult
 

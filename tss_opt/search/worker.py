@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tss_opt.search.algorithm import Config, Feasibility, Measurement, canonical, feasibility_for
 from tss_opt.search.chunked import TrialEvaluation, evaluate_skip_set
-from tss_opt.search.evaluator import Evaluator, EvaluatorError, EvaluatorInfo, prompt_count
+from tss_opt.search.contract import Evaluator, EvaluatorError, EvaluatorInfo, prompt_count
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.progress import Progress
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from tss_opt.config.train import TrainSettings
-    from tss_opt.evaluation.decoding.target import TargetModel
+    from tss_opt.decoding.target import TargetModel
 
 __all__ = [
     "DomainText",

@@ -1,7 +1,7 @@
 """Training an EAGLE-1 head by self-distillation from its target (Li et al. 2024, arXiv
 2401.15077, Section 4.3).
 
-The head (``tss_opt.evaluation.decoding.drafters.eagle.EagleHead``) learns, for every pair
+The head (``tss_opt.decoding.drafters.eagle.EagleHead``) learns, for every pair
 ``j = (t[j+1], f[j])`` of the training text, to predict the target's next feature ``f[j+1]``:
 
     loss = SmoothL1(f_hat[j+1], f[j+1]) + ce_weight * CE(lm_head(f_hat[j+1]), y[j+2])
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from tss_opt.evaluation.decoding.drafters.eagle import (
+from tss_opt.decoding.drafters.eagle import (
     TRAINING_FILE,
     EagleDrafter,
     EagleHead,
@@ -42,7 +42,7 @@ from tss_opt.evaluation.decoding.drafters.eagle import (
     random_eagle_head,
     save_eagle_head,
 )
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.training.common import (
     Budget,
     TrainingSettingsError,
@@ -54,7 +54,7 @@ from tss_opt.training.features import Batch, FeatureSet
 
 if TYPE_CHECKING:
     from tss_opt.config.train import TrainSettings
-    from tss_opt.evaluation.decoding.target import TargetModel
+    from tss_opt.decoding.target import TargetModel
 
 __all__ = [
     "EagleTrainResult",

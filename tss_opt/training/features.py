@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
-    from tss_opt.evaluation.decoding.target import TargetModel
+    from tss_opt.decoding.target import TargetModel
 
 __all__ = ["Batch", "FeatureSet", "extract_features", "greedy_features"]
 
@@ -259,8 +259,8 @@ def greedy_features(
         ``features`` of shape ``(n, H)`` (float32, CPU); ``labels`` of shape ``(n,)``, the
         target's greedy token after each one.
     """
-    from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
-    from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+    from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
+    from tss_opt.decoding.engine import SpeculativeEngine
 
     prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).cpu()
     P = int(prompt.numel())

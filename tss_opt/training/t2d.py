@@ -116,9 +116,9 @@ def _probe(
 ) -> list[dict[str, Any]]:
     """Speculative greedy decoding of each probe prompt with the self-drafter and the T2D
     drafter (same layers), under ``target_skip``; outputs checked against plain decoding."""
-    from tss_opt.evaluation.decoding import TargetModel
-    from tss_opt.evaluation.decoding.drafters.draft_model import DraftModelDrafter, SelfDrafter
-    from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+    from tss_opt.decoding import TargetModel
+    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter, SelfDrafter
+    from tss_opt.decoding.engine import SpeculativeEngine
 
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
     eos = eos_ids(loaded)

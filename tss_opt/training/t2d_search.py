@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from tss_opt.config.t2d import T2DError, T2DSettings
-from tss_opt.evaluation.decoding.cache import SkipAwareCache, crop_to
-from tss_opt.evaluation.decoding.skip import SkipController
+from tss_opt.decoding.cache import SkipAwareCache, crop_to
+from tss_opt.decoding.skip import SkipController
 from tss_opt.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,8 @@ def prepare_texts(
 ) -> list[TeacherText]:
     """Tokenize (strings) or take (id lists), cut, extend by the target's greedy continuation
     (the target's own outputs are what a drafter must predict), and attach teacher targets."""
-    from tss_opt.evaluation.decoding import TargetModel
-    from tss_opt.evaluation.decoding.engine import SpeculativeEngine
+    from tss_opt.decoding import TargetModel
+    from tss_opt.decoding.engine import SpeculativeEngine
 
     lists = _token_lists(loaded, texts, what)
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tss_opt.evaluation.decoding.drafters import (
+from tss_opt.decoding.drafters import (
     EagleDrafter,
     EagleHead,
     EagleHeadError,
@@ -18,9 +18,9 @@ from tss_opt.evaluation.decoding.drafters import (
     random_eagle_head,
     save_eagle_head,
 )
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.models import LoadedModel
 
 EOS = 258

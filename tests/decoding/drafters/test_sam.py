@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from tss_opt.evaluation.decoding.drafters import (
+from tss_opt.decoding.drafters import (
     Drafter,
     SamdDrafter,
     SuffixAutomaton,
     VerifyFeedback,
 )
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.tree import DraftTree
 
 
 def ids(text: str) -> list[int]:
@@ -138,7 +138,7 @@ def test_samd_new_request_rebuilds_the_automaton() -> None:
 
 
 def test_samd_default_fallback_is_token_recycling() -> None:
-    from tss_opt.evaluation.decoding.drafters import TokenRecycleDrafter
+    from tss_opt.decoding.drafters import TokenRecycleDrafter
 
     d = SamdDrafter()
     assert isinstance(d.fallback, TokenRecycleDrafter) and len(d.fallback.template) == 15

@@ -14,9 +14,9 @@ import torch
 from omegaconf import OmegaConf
 from reference import greedy_dense_prefill, greedy_no_cache
 
-from tss_opt.evaluation.decoding.cache import keep_accepted
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.drafters import (
+from tss_opt.decoding.cache import keep_accepted
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafters import (
     DrafterConfigError,
     EagleDrafter,
     PromptLookupDrafter,
@@ -25,15 +25,15 @@ from tss_opt.evaluation.decoding.drafters import (
     build_drafter,
     random_eagle_head,
 )
-from tss_opt.evaluation.decoding.drafters.taps import (
+from tss_opt.decoding.drafters.taps import (
     MergedDrafter,
     RoutedDrafter,
     member_feedback,
     merge_trees,
 )
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.models import LoadedModel, ModelConfig, load_model
 
 REPO = Path(__file__).resolve().parents[3]

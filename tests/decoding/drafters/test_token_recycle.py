@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tss_opt.evaluation.decoding.drafters import (
+from tss_opt.decoding.drafters import (
     TemplateError,
     TokenRecycleDrafter,
     TreeTemplate,
     VerifyFeedback,
     load_template,
 )
-from tss_opt.evaluation.decoding.drafters.templates import best_first_template, builtin_templates
-from tss_opt.evaluation.decoding.drafters.token_recycle import AdjacencyTable
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.drafters.templates import best_first_template, builtin_templates
+from tss_opt.decoding.drafters.token_recycle import AdjacencyTable
+from tss_opt.decoding.tree import DraftTree
 
 V = 10
 

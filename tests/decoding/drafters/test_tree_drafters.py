@@ -16,8 +16,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tss_opt.evaluation.decoding.cache import keep_accepted
-from tss_opt.evaluation.decoding.drafters import (
+from tss_opt.decoding.cache import keep_accepted
+from tss_opt.decoding.drafters import (
     Drafter,
     DrafterConfigError,
     EagleDrafter,
@@ -28,9 +28,9 @@ from tss_opt.evaluation.decoding.drafters import (
     build_drafter,
     random_eagle_head,
 )
-from tss_opt.evaluation.decoding.engine import SpeculativeEngine
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.models import LoadedModel
 
 REPO = Path(__file__).resolve().parents[3]
@@ -270,7 +270,7 @@ def test_every_conf_file_is_registered() -> None:
     for name in files:
         cfg = OmegaConf.load(REPO / "conf" / "drafter" / f"{name}.yaml")
         assert cfg.name == name and str(cfg._target_).startswith(
-            "tss_opt.evaluation.decoding.drafters.registry."
+            "tss_opt.decoding.drafters.registry."
         )
 
 

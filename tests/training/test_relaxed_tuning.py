@@ -9,17 +9,17 @@ from omegaconf import OmegaConf
 
 from tss_opt.assembly import build_verifier, compose_config, protocol
 from tss_opt.config import config_dir
-from tss_opt.evaluation.decoding.arbitration import FEATURES, LogisticPolicy, ThresholdPolicy
-from tss_opt.evaluation.decoding.drafters import SelfDrafter
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.verification import (
+from tss_opt.decoding.drafters import SelfDrafter
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.verify.arbitration import FEATURES, LogisticPolicy, ThresholdPolicy
+from tss_opt.decoding.verify.relaxed import (
     RelaxedVerificationError,
     Verifier,
     verifier_from_settings,
 )
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
-from tss_opt.evaluation.relaxed import search_weight, train_cospec_policy
+from tss_opt.training.relaxed import search_weight, train_cospec_policy
 
 
 def _evaluator(tiny, n=3, max_new=12, **kw) -> SpecDecodeEvaluator:
@@ -102,7 +102,7 @@ def test_mapping_entry_keeps_the_lossy_label():
 
 # ------------------------------------------------------------- learned DIVERSED weight
 def test_diversed_weight_reinforce_runs_and_changes_theta(tiny):
-    from tss_opt.evaluation.relaxed import train_diversed_weight
+    from tss_opt.training.relaxed import train_diversed_weight
 
     ev = _evaluator(tiny, n=3)
     out = train_diversed_weight(ev, frozenset({3}), epochs=2, init_weight=0.5, step_cost=1.0, seed=1)
@@ -114,13 +114,13 @@ def test_diversed_weight_reinforce_runs_and_changes_theta(tiny):
 
 
 def _judged(a: float, feasible: bool):
-    from tss_opt.evaluation.relaxed import Judged
+    from tss_opt.training.relaxed import Judged
 
     return Judged("x", a, 0.5, 0.0, 0.0, 0.01, feasible, None)  # type: ignore[arg-type]
 
 
 def test_choice_rule_prefers_exact_on_ties_and_falls_back_to_it():
-    from tss_opt.evaluation.relaxed_choice import Candidate, _choose
+    from tss_opt.training.relaxed_choice import Candidate, _choose
 
     exact = Candidate("exact", "exact", {}, _judged(2.0, True))
     tie = Candidate("fixed w=0.60", "diversed", {"weight": 0.6}, _judged(2.0, True))
@@ -134,7 +134,7 @@ def test_choice_rule_prefers_exact_on_ties_and_falls_back_to_it():
 
 @pytest.mark.parametrize("mode", ["diversed", "cospec"])
 def test_tune_relaxed_judges_every_candidate(tiny, tmp_path, mode):
-    from tss_opt.evaluation.relaxed_choice import tune_relaxed
+    from tss_opt.training.relaxed_choice import tune_relaxed
 
     ev = _evaluator(tiny, n=3, max_new=8)
     choice = tune_relaxed(ev, mode, frozenset({3}), weights=(1.0, 0.0), epochs=1, eps=0.5)
@@ -159,7 +159,7 @@ def test_tune_relaxed_judges_every_candidate(tiny, tmp_path, mode):
 
 def test_config_builds_the_learned_weight(tmp_path):
     from tss_opt.assembly import study_identity
-    from tss_opt.evaluation.decoding.blend_weight import LearnedWeight
+    from tss_opt.decoding.verify.blend_weight import LearnedWeight
 
     path = LearnedWeight().save(tmp_path / "w.json")
     cfg = compose_config(["+domain=summarization", "verification=diversed", f"relaxed.weight_policy={path}",

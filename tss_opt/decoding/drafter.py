@@ -2,7 +2,7 @@
 
 A drafter is as easy to add as transformers' ``CandidateGenerator``: subclass
 :class:`Drafter`, implement :meth:`Drafter.propose` (and, when it learns online,
-:meth:`Drafter.update`), and register it in :mod:`tss_opt.evaluation.decoding.drafters.registry`.
+:meth:`Drafter.update`), and register it in :mod:`tss_opt.decoding.drafters.registry`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.tree import DraftTree
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,9 @@ from typing import Any
 
 import torch
 
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.drafters.registry import DrafterConfigError
-from tss_opt.evaluation.decoding.tree import ROOT, DraftTree
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafters.registry import DrafterConfigError
+from tss_opt.decoding.tree import ROOT, DraftTree
 
 
 @dataclass

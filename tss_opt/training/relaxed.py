@@ -8,11 +8,11 @@
   calibration prompts; reward per prompt = the domain's task metric of the finished output minus
   ``step_cost * steps / tokens``; a batch-mean baseline.
 - :func:`train_diversed_weight`: DIVERSED's context-dependent weight
-  (:class:`~tss_opt.evaluation.decoding.blend_weight.LearnedWeight`,
+  (:class:`~tss_opt.decoding.verify.blend_weight.LearnedWeight`,
   ``w = sigmoid(theta . features)``), trained the same way with a logit-normal exploration.
 - :func:`check_against_dense`: any relaxed rule run once under the skip set and judged by the
   same paired rule as the weight grid (the learned rules must pass it too; see
-  :mod:`tss_opt.evaluation.relaxed_choice`, which picks a domain's setting).
+  :mod:`tss_opt.training.relaxed_choice`, which picks a domain's setting).
 
 Why REINFORCE for the learned weight, not a supervised fit: the quantity to optimise is the
 task metric of the finished output (plus fewer steps), known only per prompt; no per-token
@@ -34,9 +34,9 @@ from typing import Any
 import torch
 
 from tss_opt.config.enums import Verification
-from tss_opt.evaluation.decoding.arbitration import FEATURES, LinearFeaturePolicy, LogisticPolicy
-from tss_opt.evaluation.decoding.blend_weight import LearnedWeight
-from tss_opt.evaluation.decoding.verification import Verifier, check_weight
+from tss_opt.decoding.verify.arbitration import FEATURES, LinearFeaturePolicy, LogisticPolicy
+from tss_opt.decoding.verify.blend_weight import LearnedWeight
+from tss_opt.decoding.verify.relaxed import Verifier, check_weight
 from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
 
 log = logging.getLogger(__name__)

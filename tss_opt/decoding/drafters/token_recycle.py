@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.drafters.templates import (
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafters.templates import (
     TemplateError,
     TreeTemplate,
     load_template,
 )
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.tree import DraftTree
 
 DEFAULT_TEMPLATE = "builtin:token_recycle_15.json"
 

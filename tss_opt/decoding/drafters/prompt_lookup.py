@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from tss_opt.evaluation.decoding.drafter import Drafter
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.tree import DraftTree
 
 
 class PromptLookupDrafter(Drafter):

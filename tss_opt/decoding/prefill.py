@@ -4,7 +4,7 @@ Under the ``verify`` skip scope the prompt is prefilled by the *dense* target wh
 set, so every trial of a search recomputes the same prefill for the same prompt. A
 :class:`DensePrefill` holds that prefill's result (the KV cache after the prompt, the last
 position's logits and the prompt's hidden states); :meth:`SpeculativeEngine.generate
-<tss_opt.evaluation.decoding.engine.SpeculativeEngine.generate>` takes it as ``prefill=`` and
+<tss_opt.decoding.engine.SpeculativeEngine.generate>` takes it as ``prefill=`` and
 starts from a deep copy instead of running the prompt through the model. Lossless: the
 tokens are exactly those of a request that prefills itself (tests/decoding/test_prefill.py).
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tss_opt.evaluation.decoding.cache import SkipAwareCache
-from tss_opt.evaluation.decoding.target import TargetModel
+from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.target import TargetModel
 
 
 @dataclass(frozen=True)

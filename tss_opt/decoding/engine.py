@@ -17,19 +17,19 @@ from typing import Any, Literal
 import torch
 
 from tss_opt.config.enums import Scope
-from tss_opt.evaluation.decoding.accept import (
+from tss_opt.decoding.cache import keep_accepted
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.prefill import DensePrefill
+from tss_opt.decoding.stats import DecodeStats
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.decoding.verify.accept import (
     PositionalSampler,
     accept_coupled,
     accept_greedy,
     accept_sampling,
 )
-from tss_opt.evaluation.decoding.cache import keep_accepted
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.prefill import DensePrefill
-from tss_opt.evaluation.decoding.stats import DecodeStats
-from tss_opt.evaluation.decoding.target import TargetModel
-from tss_opt.evaluation.decoding.tree import DraftTree
-from tss_opt.evaluation.decoding.verification import Verifier
+from tss_opt.decoding.verify.relaxed import Verifier
 
 SkipScope = Literal["verify", "all"]
 SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)
@@ -100,7 +100,7 @@ class SpeculativeEngine:
         verification: the acceptance rule: ``"exact"`` (default, lossless), ``"diversed"`` or
             ``"cospec"`` (lossy; verification.py), or a :class:`Verifier` with its weight or
             policy. A relaxed mode needs a drafter that gives a distribution (else
-            :class:`~tss_opt.evaluation.decoding.verification.RelaxedVerificationError`).
+            :class:`~tss_opt.decoding.verify.relaxed.RelaxedVerificationError`).
     """
 
     def __init__(

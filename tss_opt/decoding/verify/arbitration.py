@@ -4,12 +4,12 @@ target's (``verification=cospec``, lossy; issue 13).
 A policy sees :func:`mismatch_features` of both distributions at the mismatch and answers
 "keep the draft token". :class:`AlwaysTarget` is exact verification; :class:`ThresholdPolicy`
 is the fixed baseline; :class:`LogisticPolicy` is the learned one (trained with REINFORCE by
-:func:`tss_opt.evaluation.relaxed.train_cospec_policy`).
+:func:`tss_opt.training.relaxed.train_cospec_policy`).
 
 :class:`LinearFeaturePolicy` holds what every learned rule over :data:`FEATURES` shares (the
 weights, the training episodes, the JSON file with its ``kind``): CoSpec's
 :class:`LogisticPolicy` and DIVERSED's
-:class:`~tss_opt.evaluation.decoding.blend_weight.LearnedWeight` build on it.
+:class:`~tss_opt.decoding.verify.blend_weight.LearnedWeight` build on it.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class LinearFeaturePolicy:
     that records each request's decisions, and persistence as JSON with a ``kind`` marker.
 
     The learned rules (CoSpec's :class:`LogisticPolicy`, DIVERSED's
-    :class:`~tss_opt.evaluation.decoding.blend_weight.LearnedWeight`) subclass it and say how
+    :class:`~tss_opt.decoding.verify.blend_weight.LearnedWeight`) subclass it and say how
     the logit becomes a decision; their files have the same features, so ``kind`` keeps one
     from being read as the other.
 

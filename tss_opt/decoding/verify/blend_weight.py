@@ -8,7 +8,7 @@ target's token, i.e. its argmax when greedy, and both normalised entropies).
 
 - :class:`FixedWeight`: one ``w`` everywhere (the searched per-domain weight as a policy).
 - :class:`LearnedWeight`: ``w = sigmoid(theta . features)``, trained on calibration prompts by
-  :func:`tss_opt.evaluation.relaxed.train_diversed_weight` (REINFORCE with a logit-normal
+  :func:`tss_opt.training.relaxed.train_diversed_weight` (REINFORCE with a logit-normal
   exploration: while training, ``z ~ N(theta . features, sigma^2)`` and ``w = sigmoid(z)``).
 
 The weight is only asked where exact verification rejects the draft token (where ``w``
@@ -22,8 +22,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from tss_opt.decoding.verify.arbitration import FEATURES, LinearFeaturePolicy
 from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.arbitration import FEATURES, LinearFeaturePolicy
 
 KIND = "diversed_weight"
 """The ``kind`` written into a learned weight's JSON, so a CoSpec policy file is not read as one."""
@@ -43,7 +43,7 @@ class WeightPolicy(ABC):
 
         Args:
             features: ``torch.DoubleTensor`` of shape ``(len(FEATURES),)`` from
-                :func:`tss_opt.evaluation.decoding.arbitration.mismatch_features`.
+                :func:`tss_opt.decoding.verify.arbitration.mismatch_features`.
         """
 
 
@@ -74,7 +74,7 @@ class LearnedWeight(LinearFeaturePolicy, WeightPolicy):
     gradient: ``d log N(z; mu, sigma) / d theta = (z - mu) / sigma^2 * features``.
 
     Weights, episodes and the JSON file (``{"kind": "diversed_weight", ...}``) come from
-    :class:`~tss_opt.evaluation.decoding.arbitration.LinearFeaturePolicy`.
+    :class:`~tss_opt.decoding.verify.arbitration.LinearFeaturePolicy`.
 
     Args:
         theta: ``(len(FEATURES),)`` weights; default: the bias gives ``init_weight`` everywhere.

@@ -4,7 +4,7 @@ A drafter config (``conf/drafter/<name>.yaml``) is a mapping with ``name``, ``_t
 (dotted path of the builder, instantiated by Hydra) and the drafter's settings::
 
     name: pld
-    _target_: tss_opt.evaluation.decoding.drafters.registry.build_pld
+    _target_: tss_opt.decoding.drafters.registry.build_pld
     num_tokens: 10
 
 Every builder takes ``(target, loaded, **settings)``. A config without ``_target_`` takes the
@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.config import config_dir
+from tss_opt.decoding.drafter import Drafter
 from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.drafter import Drafter
 
 if TYPE_CHECKING:
-    from tss_opt.evaluation.decoding.target import TargetModel
+    from tss_opt.decoding.target import TargetModel
     from tss_opt.models.loading import LoadedModel
 
 DrafterBuilder = Callable[..., Drafter]
@@ -116,7 +116,7 @@ def build_pld(
     min_ngram: int = 1,
 ) -> Drafter:
     """Prompt lookup (model-free chain)."""
-    from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
+    from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
     return PromptLookupDrafter(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram)
 
@@ -146,7 +146,7 @@ def build_draft_model(
     return_probs: bool = False,
 ) -> Drafter:
     """A separate small causal LM with the target's vocabulary; ``model`` is a model config."""
-    from tss_opt.evaluation.decoding.drafters.draft_model import DraftModelDrafter
+    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
     from tss_opt.models import load_model
 
     if not model:
@@ -223,7 +223,7 @@ def build_self(
     return_probs: bool = False,
 ) -> Drafter:
     """Self-drafting: the target under a larger skip set (its own KV cache)."""
-    from tss_opt.evaluation.decoding.drafters.draft_model import SelfDrafter
+    from tss_opt.decoding.drafters.draft_model import SelfDrafter
 
     return SelfDrafter(
         target.model,
@@ -245,7 +245,7 @@ def build_token_recycle(
     max_nodes: int | None = None,
 ) -> Drafter:
     """Token Recycling over a static template."""
-    from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
+    from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 
     return TokenRecycleDrafter(
         template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes
@@ -264,9 +264,9 @@ def build_samd(
 ) -> Drafter:
     """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle"); ``fallback="none"``
     proposes nothing when the match is short (SAM decoding alone, replayable by evaluator=replay)."""
-    from tss_opt.evaluation.decoding.drafters.sam import SamdDrafter
-    from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
-    from tss_opt.evaluation.decoding.engine import NoDrafter
+    from tss_opt.decoding.drafters.sam import SamdDrafter
+    from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
+    from tss_opt.decoding.engine import NoDrafter
 
     if fallback == "none":
         return SamdDrafter(threshold=threshold, num_tokens=num_tokens, fallback=NoDrafter())
@@ -294,7 +294,7 @@ def build_eagle(
 ) -> Drafter:
     """EAGLE-1 head from ``checkpoint`` (``path`` is its older name, still accepted), or a
     random head with ``random_init``; EAGLE-2 tree."""
-    from tss_opt.evaluation.decoding.drafters.eagle import (
+    from tss_opt.decoding.drafters.eagle import (
         EagleDrafter,
         load_eagle_head,
         random_eagle_head,
@@ -349,13 +349,13 @@ def _build_members(
 
 def build_routed(target: TargetModel, loaded: LoadedModel, members: Any = None) -> Drafter:
     """TAPS confidence routing: per step, the member tree with the highest mean confidence."""
-    from tss_opt.evaluation.decoding.drafters.taps import RoutedDrafter
+    from tss_opt.decoding.drafters.taps import RoutedDrafter
 
     return RoutedDrafter(_build_members("routed", members, target, loaded))
 
 
 def build_merged(target: TargetModel, loaded: LoadedModel, members: Any = None) -> Drafter:
     """TAPS merged tree: every member's tree under one root, verified in one pass."""
-    from tss_opt.evaluation.decoding.drafters.taps import MergedDrafter
+    from tss_opt.decoding.drafters.taps import MergedDrafter
 
     return MergedDrafter(_build_members("merged", members, target, loaded))

@@ -31,10 +31,10 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from tss_opt.decoding.cache import crop_to
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.cache import crop_to
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.tree import DraftTree
 
 CONFIG_FILE = "config.json"
 WEIGHTS_BIN = "pytorch_model.bin"

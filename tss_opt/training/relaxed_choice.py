@@ -2,15 +2,15 @@
 
 :func:`tune_relaxed` is the second stage after the skip set, for one mode:
 
-- ``diversed``: the grid of fixed weights (as :func:`~tss_opt.evaluation.relaxed.search_weight`)
-  and the learned, context-dependent weight (:func:`~tss_opt.evaluation.relaxed.train_diversed_weight`,
+- ``diversed``: the grid of fixed weights (as :func:`~tss_opt.training.relaxed.search_weight`)
+  and the learned, context-dependent weight (:func:`~tss_opt.training.relaxed.train_diversed_weight`,
   warm-started at the best feasible fixed weight below 1, else at ``init_weight``);
 - ``cospec``: the fixed threshold rule (the baseline) and the learned arbitration policy
-  (:func:`~tss_opt.evaluation.relaxed.train_cospec_policy`).
+  (:func:`~tss_opt.training.relaxed.train_cospec_policy`).
 
 Every candidate, and exact verification under the same skip set, runs the calibration prompts
 under the skip set and is judged by the paired metric rule against the dense exact run
-(:func:`~tss_opt.evaluation.relaxed.check_against_dense`). The chosen setting is the feasible
+(:func:`~tss_opt.training.relaxed.check_against_dense`). The chosen setting is the feasible
 candidate with the highest accepted length; exact wins ties and is the fallback when no relaxed
 candidate keeps the metric (then nothing lossy is chosen).
 """
@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from tss_opt.config.enums import Verification
-from tss_opt.evaluation.decoding.arbitration import LogisticPolicy, ThresholdPolicy
-from tss_opt.evaluation.decoding.verification import (
+from tss_opt.decoding.verify.arbitration import LogisticPolicy, ThresholdPolicy
+from tss_opt.decoding.verify.relaxed import (
     RelaxedVerificationError,
     Verifier,
     check_weight,
     settings_label,
 )
 from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
-from tss_opt.evaluation.relaxed import (
+from tss_opt.training.relaxed import (
     DEFAULT_WEIGHTS,
     Judged,
     check_against_dense,

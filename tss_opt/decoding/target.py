@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.skip import SkipController
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.cache import SkipAwareCache
-from tss_opt.evaluation.decoding.skip import SkipController
-from tss_opt.evaluation.decoding.tree import DraftTree
 
 
 class ContextLengthError(TSSError):

@@ -1,8 +1,8 @@
 """Drafters: propose draft trees for the target to verify (chains are one-branch trees)."""
 
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.drafters.draft_model import DraftModelDrafter, SelfDrafter
-from tss_opt.evaluation.decoding.drafters.eagle import (
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafters.draft_model import DraftModelDrafter, SelfDrafter
+from tss_opt.decoding.drafters.eagle import (
     EagleDrafter,
     EagleHead,
     EagleHeadError,
@@ -10,19 +10,19 @@ from tss_opt.evaluation.decoding.drafters.eagle import (
     random_eagle_head,
     save_eagle_head,
 )
-from tss_opt.evaluation.decoding.drafters.prompt_lookup import PromptLookupDrafter
-from tss_opt.evaluation.decoding.drafters.registry import (
+from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from tss_opt.decoding.drafters.registry import (
     DrafterConfigError,
     available_drafters,
     build_drafter,
 )
-from tss_opt.evaluation.decoding.drafters.sam import SamdDrafter, SuffixAutomaton
-from tss_opt.evaluation.decoding.drafters.templates import (
+from tss_opt.decoding.drafters.sam import SamdDrafter, SuffixAutomaton
+from tss_opt.decoding.drafters.templates import (
     TemplateError,
     TreeTemplate,
     load_template,
 )
-from tss_opt.evaluation.decoding.drafters.token_recycle import AdjacencyTable, TokenRecycleDrafter
+from tss_opt.decoding.drafters.token_recycle import AdjacencyTable, TokenRecycleDrafter
 
 __all__ = [
     "AdjacencyTable",

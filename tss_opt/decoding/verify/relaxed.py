@@ -1,7 +1,7 @@
 """Relaxed verification (issue 13): DIVERSED and CoSpec acceptance, both lossy by design.
 
 :class:`Verifier` is what the engine's ``accept`` step asks. ``exact`` keeps today's rules
-(:mod:`tss_opt.evaluation.decoding.accept`). The relaxed modes accept everything exact
+(:mod:`tss_opt.decoding.verify.accept`). The relaxed modes accept everything exact
 verification accepts, and more:
 
 - ``diversed``: a draft token ``x`` with draft distribution ``q`` (``DraftTree.probs``) is also
@@ -11,7 +11,7 @@ verification accepts, and more:
   deterministic drafts: the coupled rule (:func:`accept_coupled`) with the same positional
   uniform drawing from ``p`` and from ``b``; ``x`` is kept when either draw is ``x``. ``w = 1``
   is exact verification token for token. The weight is one number per domain, or a
-  :class:`~tss_opt.evaluation.decoding.blend_weight.WeightPolicy` that gives ``w`` per draft
+  :class:`~tss_opt.decoding.verify.blend_weight.WeightPolicy` that gives ``w`` per draft
   token from both distributions there (the learned, context-dependent weight); it is asked only
   where exact verification rejects ``x``.
 - ``cospec``: at the first mismatch of a step an :class:`ArbitrationPolicy` sees features of
@@ -31,16 +31,16 @@ from typing import Any
 import torch
 
 from tss_opt.config.enums import Verification
-from tss_opt.errors import TSSError
-from tss_opt.evaluation.decoding.accept import PositionalSampler
-from tss_opt.evaluation.decoding.arbitration import (
+from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.decoding.verify.accept import PositionalSampler
+from tss_opt.decoding.verify.arbitration import (
     ArbitrationPolicy,
     ThresholdPolicy,
     mismatch_features,
 )
-from tss_opt.evaluation.decoding.blend_weight import WeightPolicy
-from tss_opt.evaluation.decoding.drafter import Drafter
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.verify.blend_weight import WeightPolicy
+from tss_opt.errors import TSSError
 
 DISTRIBUTION_DRAFTERS: tuple[str, ...] = ("draft_model", "self", "t2d", "eagle")
 """Shipped drafters that give a per-node distribution (``DraftTree.probs``): the ones relaxed
@@ -296,8 +296,8 @@ def verifier_from_settings(mode: Verification | str, settings: Mapping[str, Any]
         RelaxedVerificationError: a weight outside [0, 1]; TSSError: a missing or foreign
             policy file, a threshold outside [0, 1].
     """
-    from tss_opt.evaluation.decoding.arbitration import LogisticPolicy
-    from tss_opt.evaluation.decoding.blend_weight import LearnedWeight
+    from tss_opt.decoding.verify.arbitration import LogisticPolicy
+    from tss_opt.decoding.verify.blend_weight import LearnedWeight
 
     mode = Verification.parse("verification", mode)
     s = dict(settings or {})

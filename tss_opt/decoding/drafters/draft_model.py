@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from tss_opt.evaluation.decoding.cache import SkipAwareCache, crop_to
-from tss_opt.evaluation.decoding.drafter import Drafter
-from tss_opt.evaluation.decoding.skip import SkipController
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.cache import SkipAwareCache, crop_to
+from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.skip import SkipController
+from tss_opt.decoding.tree import DraftTree
 
 
 class DraftModelDrafter(Drafter):
@@ -59,7 +59,7 @@ class DraftModelDrafter(Drafter):
         self.skip = frozenset(int(i) for i in skip)
         self._skipper = SkipController.for_model(model, layers_path) if self.skip else None
         if self._skipper is not None:
-            from tss_opt.evaluation.decoding.skip import validate_skip
+            from tss_opt.decoding.skip import validate_skip
 
             validate_skip(self.skip, self._skipper.num_layers)
         self.device = next(model.parameters()).device

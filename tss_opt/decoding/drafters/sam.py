@@ -15,9 +15,9 @@ from collections.abc import Iterable
 
 import torch
 
-from tss_opt.evaluation.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.evaluation.decoding.drafters.token_recycle import TokenRecycleDrafter
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
+from tss_opt.decoding.tree import DraftTree
 
 
 class SuffixAutomaton:

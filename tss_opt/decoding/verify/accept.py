@@ -25,7 +25,7 @@ import hashlib
 
 import torch
 
-from tss_opt.evaluation.decoding.tree import DraftTree
+from tss_opt.decoding.tree import DraftTree
 
 
 class PositionalSampler:

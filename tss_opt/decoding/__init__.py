@@ -1,0 +1,49 @@
+"""Speculative decoding with a skippable target: prefill, draft, verify, accept, roll back.
+
+The drafter contract (:class:`Drafter`) sits beside the tree it produces (:class:`DraftTree`);
+the drafters themselves live in the subpackage :mod:`tss_opt.decoding.drafters`,
+which imports this package and is never imported by it (no cycle). Verification rules, exact
+and relaxed, are in :mod:`tss_opt.decoding.verify`.
+
+``build_drafter`` is re-exported lazily (PEP 562 ``__getattr__``): importing it eagerly here
+would make this package import its own ``drafters`` subpackage, which imports this package.
+"""
+
+import importlib
+from typing import Any
+
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.engine import (
+    SCOPES,
+    GenerationResult,
+    NoDrafter,
+    SpeculativeEngine,
+)
+from tss_opt.decoding.skip import SkipController, SkipError, validate_skip
+from tss_opt.decoding.stats import DecodeStats
+from tss_opt.decoding.target import ContextLengthError, TargetModel
+from tss_opt.decoding.tree import ROOT, DraftTree
+
+__all__ = [
+    "ROOT",
+    "build_drafter",
+    "SCOPES",
+    "ContextLengthError",
+    "DecodeStats",
+    "DraftTree",
+    "Drafter",
+    "GenerationResult",
+    "NoDrafter",
+    "SkipController",
+    "SkipError",
+    "SpeculativeEngine",
+    "TargetModel",
+    "VerifyFeedback",
+    "validate_skip",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "build_drafter":
+        return importlib.import_module("tss_opt.decoding.drafters.registry").build_drafter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
