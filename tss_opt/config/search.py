@@ -136,11 +136,12 @@ IDENTITY_FIELDS = (
     "max_repetition_increase",
     "early_stopping",
     "early_stop_chunk",
+    "futility_stopping",
 )
 
 # What a study stored before a field existed was run under: a study created before issue 10
 # used the point rule without early stopping, so resuming it under the paired rule is refused.
-LEGACY_IDENTITY: dict[str, Any] = {"feasibility": "point", "early_stopping": False}
+LEGACY_IDENTITY: dict[str, Any] = {"feasibility": "point", "early_stopping": False, "futility_stopping": False}
 
 
 @dataclass
@@ -187,6 +188,9 @@ class SearchSettings:
             accepting ``prompt_ids=``, trials run in chunks and stop as soon as they are
             already infeasible at ``confidence``.
         early_stop_chunk: Prompts per chunk (>= 2; the first check needs two prompts).
+        futility_stopping: With early stopping, a chunked trial also stops when its final
+            verdict can no longer pass at ``confidence`` (looks corrected), even if its mean
+            loss may be within the tolerance (issue 21; docs/search.md, "Futility stopping").
     """
 
     mode: Mode = Mode.exhaustive
@@ -210,6 +214,7 @@ class SearchSettings:
     max_repetition_increase: float = 0.1
     early_stopping: bool = True
     early_stop_chunk: int = 4
+    futility_stopping: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -250,6 +255,8 @@ class SearchSettings:
         if not isinstance(self.early_stopping, bool):
             raise SearchSettingsError(f"early_stopping={self.early_stopping!r} must be True or False.")
         _int("early_stop_chunk", self.early_stop_chunk, minimum=2)
+        if not isinstance(self.futility_stopping, bool):
+            raise SearchSettingsError(f"futility_stopping={self.futility_stopping!r} must be True or False.")
         _int("heartbeat_interval", self.heartbeat_interval, minimum=1)
         _int("grace_period", self.grace_period, minimum=1)
         if self.grace_period <= self.heartbeat_interval:
