@@ -351,3 +351,5 @@ def test_the_setting() -> None:
     from tss_opt.search.identity import settings_hash
 
     assert settings_hash(SearchSettings()) != settings_hash(SearchSettings(futility_stopping=False))
+    # Off, the identity is the one from before the setting existed: those studies keep their names.
+    assert "futility_stopping" not in SearchSettings(futility_stopping=False).identity()

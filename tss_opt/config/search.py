@@ -136,7 +136,6 @@ IDENTITY_FIELDS = (
     "max_repetition_increase",
     "early_stopping",
     "early_stop_chunk",
-    "futility_stopping",
 )
 
 # What a study stored before a field existed was run under: a study created before issue 10
@@ -282,14 +281,19 @@ class SearchSettings:
     def identity(self) -> dict[str, Any]:
         """The settings that decide which configurations are evaluated (stored per study).
 
-        ``seed`` counts only for the randomised modes and ``sleb_score`` only for ``sleb``,
-        so the identity (and the study-name hash) of a breadth-first search is unchanged.
+        ``seed`` counts only for the randomised modes, ``sleb_score`` only for ``sleb`` and
+        ``futility_stopping`` only when on, so the identity (and the study-name hash) of a
+        breadth-first search without futility stopping is unchanged.
         """
         out = {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS}
         if self.mode in SEEDED_MODES:
             out["seed"] = self.seed
         if self.mode == "sleb":
             out["sleb_score"] = self.sleb_score
+        if self.futility_stopping:
+            # Issue 21: on, it changes which trials stop; off, the identity (and the study
+            # name) is what it was before the setting existed, so those studies resume.
+            out["futility_stopping"] = True
         return out
 
     def to_dict(self) -> dict[str, Any]:
