@@ -180,3 +180,27 @@ def test_compare_hides_the_replay_speed_when_auto_ran_the_replay(tiny64):
     r, e = row(), row()
     assert hide_replay_speed(cfg, [r], replay) == REPLAY_NOTE and r.calibration["tokens_per_s"] is None
     assert hide_replay_speed(cfg, [e], engine) == "" and e.calibration["tokens_per_s"] == 49.3
+
+
+@pytest.mark.parametrize(
+    ("drafter", "line"),
+    [
+        ("pld", "evaluator=auto: replay, because it reproduces the engine exactly here"),
+        ("token_recycle", "evaluator=auto: engine, because drafter token_recycle is not replayable"),
+    ],
+)
+def test_the_search_command_says_which_and_why(tmp_path, drafter, line):
+    """A real search command (tiny model, 2 prompts, level 1) logs the choice once."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "tss_opt", "+domain=qa", "+model=tiny", f"drafter={drafter}", "search.prompts=2",
+         "max_new_tokens=4", "search.max_depth=1", "search.early_barrier=0", "search.latter_barrier=0",
+         "search.validation_candidates=0", f"storage=sqlite:///{tmp_path}/s.db", f"mapping_path={tmp_path}/map.yaml"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert sum(line in x for x in out.splitlines()) == 1, out[-3000:]
+    assert "level 1 complete: evaluated 4/4" in out
