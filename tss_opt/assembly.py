@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Assembly",
     "assemble",
+    "build_auto_evaluator",
     "build_evaluator",
     "check_prompts",
     "build_replay_evaluator",
@@ -243,6 +244,30 @@ def build_replay_evaluator(
     return ReplayEvaluator(
         rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric, batch_size=batch_size, **kwargs
     )
+
+
+def build_auto_evaluator(
+    cfg: DictConfig,
+    runtime: Assembly | None = None,
+    split: str | None = None,
+    prompts: int | None = None,
+    batch_size: int | None = None,
+) -> SpecDecodeEvaluator | ReplayEvaluator:
+    """``evaluator=auto`` (the default): the replay evaluator where it reproduces the engine
+    exactly, the engine otherwise; logs which and why
+    (:func:`tss_opt.evaluation.choice.choose_evaluator`, docs/evaluator.md). Arguments as
+    :func:`build_replay_evaluator`."""
+    from tss_opt.evaluation.choice import announce, choose_evaluator
+
+    rt = runtime or assemble(cfg)
+    choice = announce(choose_evaluator(
+        temperature=float(cfg.temperature), cost=str(cfg.cost), device=rt.target.device, dtype=rt.target.dtype,
+        drafter=rt.new_drafter(), drafter_name=rt.drafter_cfg.get("name"),
+        verification=str(cfg.get("verification") or "exact"),
+    ))
+    if choice.kind == "replay":
+        return build_replay_evaluator(cfg, rt, split, prompts, batch_size)
+    return build_evaluator(cfg, rt, split, prompts)
 
 
 def validation_evaluator(cfg: DictConfig, evaluator: Any) -> Any | None:

@@ -172,7 +172,7 @@ def test_config_group_builds_the_replay_evaluator(tiny64):
     rt = Assembly(loaded=tiny64, target=TargetModel(tiny64.model), drafter_cfg={"name": "pld"})
     ev = build_replay_evaluator(cfg, runtime=rt, batch_size=cfg.evaluator.batch_size)
     assert isinstance(ev, ReplayEvaluator) and ev.batch_size == 2 and ev.num_prompts == 2
-    assert compose_config([]).evaluator._target_ == "tss_opt.assembly.build_evaluator"
+    assert compose_config([]).evaluator._target_ == "tss_opt.assembly.build_auto_evaluator"  # the default
     samd = compose_config(["evaluator=replay", "+domain=qa", "drafter=samd", "+model=tiny", "search.prompts=1"])
     rt = Assembly(loaded=tiny64, target=TargetModel(tiny64.model), drafter_cfg={"name": "samd"})
     with pytest.raises(ReplayError, match="fallback=none"):

@@ -107,10 +107,13 @@ REPLAY_NOTE = (
 )
 
 
-def hide_replay_speed(cfg: DictConfig, rows: list[Any]) -> str:
-    """With ``evaluator=replay``, blank the rows' calibration tok/s and return the note saying
-    why (empty otherwise): a replay's throughput must not read as a decoding speed."""
-    if "replay" not in str(cfg.evaluator.get("_target_", "")):
+def hide_replay_speed(cfg: DictConfig, rows: list[Any], evaluator: Any = None) -> str:
+    """With ``evaluator=replay`` (or ``auto`` running the replay), blank the rows' calibration
+    tok/s and return the note saying why (empty otherwise): a replay's throughput must not
+    read as a decoding speed."""
+    from tss_opt.evaluation.choice import runs_replay
+
+    if "replay" not in str(cfg.evaluator.get("_target_", "")) and not runs_replay(evaluator):
         return ""
     for row in rows:
         row.calibration["tokens_per_s"] = None
@@ -192,7 +195,7 @@ def compare(cfg: DictConfig) -> list[Any]:
     heldout.fill(rows + ([dense] if dense is not None else []))
     log_shared(evaluator)
     metric = evaluator.metric_name if hasattr(evaluator, "metric_name") else "metric"
-    note = hide_replay_speed(cfg, rows + ([dense] if dense is not None else []))
+    note = hide_replay_speed(cfg, rows + ([dense] if dense is not None else []), evaluator)
     md = comparison_markdown(rows, metric_name=metric, domain=domain.name, dense=dense)
     if note:
         md += "\n\n" + note

@@ -63,7 +63,7 @@ def sweep(cfg: DictConfig) -> list[Any]:
     heldout.fill(rows)
     log_shared(evaluator)
     metric = getattr(evaluator, "metric_name", "metric")
-    note = hide_replay_speed(cfg, rows)
+    note = hide_replay_speed(cfg, rows, evaluator)
     md = sweep_markdown(rows, metric_name=metric, domain=domain.name)
     if note:
         md += "\n\n" + note

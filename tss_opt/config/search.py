@@ -140,7 +140,7 @@ IDENTITY_FIELDS = (
 
 # What a study stored before a field existed was run under: a study created before issue 10
 # used the point rule without early stopping, so resuming it under the paired rule is refused.
-LEGACY_IDENTITY: dict[str, Any] = {"feasibility": "point", "early_stopping": False}
+LEGACY_IDENTITY: dict[str, Any] = {"feasibility": "point", "early_stopping": False, "futility_stopping": False}
 
 
 @dataclass
@@ -187,6 +187,9 @@ class SearchSettings:
             accepting ``prompt_ids=``, trials run in chunks and stop as soon as they are
             already infeasible at ``confidence``.
         early_stop_chunk: Prompts per chunk (>= 2; the first check needs two prompts).
+        futility_stopping: With early stopping, a chunked trial also stops when its final
+            verdict can no longer pass at ``confidence`` (looks corrected), even if its mean
+            loss may be within the tolerance (issue 21; docs/search.md, "Futility stopping").
     """
 
     mode: Mode = Mode.exhaustive
@@ -210,6 +213,7 @@ class SearchSettings:
     max_repetition_increase: float = 0.1
     early_stopping: bool = True
     early_stop_chunk: int = 4
+    futility_stopping: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -250,6 +254,8 @@ class SearchSettings:
         if not isinstance(self.early_stopping, bool):
             raise SearchSettingsError(f"early_stopping={self.early_stopping!r} must be True or False.")
         _int("early_stop_chunk", self.early_stop_chunk, minimum=2)
+        if not isinstance(self.futility_stopping, bool):
+            raise SearchSettingsError(f"futility_stopping={self.futility_stopping!r} must be True or False.")
         _int("heartbeat_interval", self.heartbeat_interval, minimum=1)
         _int("grace_period", self.grace_period, minimum=1)
         if self.grace_period <= self.heartbeat_interval:
@@ -275,14 +281,19 @@ class SearchSettings:
     def identity(self) -> dict[str, Any]:
         """The settings that decide which configurations are evaluated (stored per study).
 
-        ``seed`` counts only for the randomised modes and ``sleb_score`` only for ``sleb``,
-        so the identity (and the study-name hash) of a breadth-first search is unchanged.
+        ``seed`` counts only for the randomised modes, ``sleb_score`` only for ``sleb`` and
+        ``futility_stopping`` only when on, so the identity (and the study-name hash) of a
+        breadth-first search without futility stopping is unchanged.
         """
         out = {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS}
         if self.mode in SEEDED_MODES:
             out["seed"] = self.seed
         if self.mode == "sleb":
             out["sleb_score"] = self.sleb_score
+        if self.futility_stopping:
+            # Issue 21: on, it changes which trials stop; off, the identity (and the study
+            # name) is what it was before the setting existed, so those studies resume.
+            out["futility_stopping"] = True
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,6 +15,16 @@ with a margin), so early stopping rarely changes which sets are feasible, and a 
 always recorded infeasible. The dense baseline runs every prompt (in the same chunks, so dense
 and skip sets are measured the same way) and is never stopped.
 
+With ``futility=True`` (``SearchSettings.futility_stopping``, issue 21) a set also stops when
+its final verdict can no longer pass
+(:meth:`~tss_opt.search.feasibility.PairedFeasibility.futile`: the remaining prompts at their
+upper prediction bound cannot lift the final lower bound to the tolerance), under the same
+rules: at level 1 only when it can enter neither the feasible sets nor the candidate pool. Its
+prediction bounds are Bonferroni-corrected over the looks and the two objectives,
+``1 - (1 - confidence) / (2 k)``: a set that the full evaluation would pass is stopped with
+probability at most ``1 - confidence`` (normal per-prompt differences; far less away from the
+boundary).
+
 Aggregates of a chunked evaluation equal one call over all its prompts. Per-prompt means (the
 metric, tokens/s per prompt) are prompt-weighted means of the chunks'. When every chunk reports
 its verification ``steps`` (the engine and replay evaluators do), the pooled ratios are pooled
@@ -72,6 +82,7 @@ def evaluate_skip_set(
     chunk: int = 4,
     rule: PairedFeasibility | None = None,
     pool_rule: PairedFeasibility | None = None,
+    futility: bool = False,
 ) -> TrialEvaluation:
     """Evaluate ``config``: one plain call, or chunks of ``chunk`` prompts with early stopping.
 
@@ -84,6 +95,8 @@ def evaluate_skip_set(
         rule: The paired rule; after each chunk but the last, a set it finds hopeless stops.
             ``None`` (dense baseline, or no early stopping): every prompt is evaluated.
         pool_rule: The tau rule, given for level-1 sets (see ``PairedFeasibility.hopeless``).
+        futility: Also stop a set whose final verdict can no longer pass
+            (``PairedFeasibility.futile``); needs ``rule``.
 
     Raises:
         EvaluatorError: A chunk's answer is malformed or its ``per_prompt`` length differs
@@ -95,8 +108,13 @@ def evaluate_skip_set(
         return TrialEvaluation(m, extras, n)
     parts: list[tuple[int, Measurement, dict[str, Any]]] = []
     looks = max(1, math.ceil(num_prompts / chunk) - 1)
+    final_rule, final_pool = rule, pool_rule  # futility: the final verdict's own confidence
+    stop_conf = futility_conf = 1.0
     if rule is not None:
         stop_conf = 1.0 - (1.0 - rule.confidence) / looks
+        # Futility: Bonferroni over the looks and the two objectives (either one stops a set),
+        # so a set that all prompts would pass is stopped with probability <= 1 - confidence.
+        futility_conf = 1.0 - (1.0 - rule.confidence) / (2 * looks)
         rule = dataclasses.replace(rule, confidence=stop_conf)
         if pool_rule is not None:
             pool_rule = dataclasses.replace(pool_rule, confidence=stop_conf)
@@ -117,6 +135,8 @@ def evaluate_skip_set(
         if rule is not None and done < num_prompts:
             pp = PerPrompt.concat([p[1].per_prompt for p in parts])  # type: ignore[misc]
             why = rule.hopeless(pp, pool=pool_rule)
+            if not why and futility and final_rule is not None:
+                why = final_rule.futile(pp, num_prompts, futility_conf, pool=final_pool)
             if why:
                 break
     m, extras = merge_chunks(parts)

@@ -32,6 +32,21 @@ Method (analytic and deterministic, no resampling):
   significant result. A set stopped early is never feasible. The caller
   (:func:`tss_opt.search.chunked.evaluate_skip_set`) runs this test at a Bonferroni-corrected
   confidence over its interim looks.
+- **Futility stop** (:meth:`PairedFeasibility.futile`, issue 21): after ``n`` of ``N``
+  prompts, a set also stops when the *final* verdict can no longer pass, even where the true
+  mean loss may be within the tolerance (too noisy for ``N`` prompts to show it). With the
+  remaining prompts' mean at its upper prediction bound ``R+ = mean_n + t_{c', n-1} * s_n *
+  sqrt(1/n + 1/(N - n))`` (``c'`` the look's corrected confidence), the final mean is at most
+  ``M+ = (n mean_n + (N - n) R+) / N``; the final standard deviation is at least what the
+  first ``n`` prompts alone give around the final mean, ``(N - 1) s_N^2 >= (n - 1) s_n^2 +
+  n (mean_n - M)^2``. So the final lower bound is at most :func:`futility_bound` ``=
+  max_{M <= M+} M - t_{c, N-1} sqrt(((n - 1) s_n^2 + n (mean_n - M)^2) / (N (N - 1)))``
+  and the set is futile when that is below ``-delta``. It is wrong (stops a set that the full
+  evaluation would accept) only when the remaining prompts beat ``R+``: probability at most
+  ``1 - c'`` for one objective at one look; the caller corrects ``c'`` over the looks and the
+  two objectives (Bonferroni), so at most ``1 - c`` in all (normal per-prompt differences). A futile set
+  also fails the rule on the prompts it used (its partial lower bound is below the bound above),
+  so replaying the stored trials gives the same pool and feasible sets.
 
 Why Student-t: with n >= 2 prompts it needs no seed, gives the same answer on every worker
 and when replayed from the storage, and is exact for normal differences; the mean of 16 or
@@ -55,6 +70,7 @@ __all__ = [
     "PairedFeasibility",
     "PerPrompt",
     "Verdict",
+    "futility_bound",
     "paired_bound",
     "t_quantile",
 ]
@@ -259,6 +275,52 @@ def paired_bound(
     return mean, mean - half, mean + half
 
 
+def futility_bound(
+    values: Sequence[float],
+    reference: Sequence[float],
+    total: int,
+    confidence: float,
+    look_confidence: float,
+    *,
+    sign: float = 1.0,
+) -> float:
+    """An upper bound on the paired lower bound that ``total`` prompts will give (module docstring).
+
+    Args:
+        values: The skip set's per-prompt values so far (``2 <= n <= total``).
+        reference: The dense run's values for the same prompts (the first n are used).
+        total: Prompts of the full evaluation (``N``).
+        confidence: The rule's one-sided confidence (the final bound's ``t_{c, N-1}``).
+        look_confidence: One-sided confidence of the prediction bound on the remaining
+            prompts' mean (the look's corrected confidence).
+        sign: +1 for a higher-is-better quantity, -1 for a lower-is-better one.
+
+    Returns:
+        ``L+``: the final lower bound exceeds it only when the remaining prompts' mean beats
+        its upper prediction bound (probability ``1 - look_confidence`` for normal
+        differences). With ``n == total`` it is the final lower bound itself.
+    """
+    n, N = len(values), int(total)
+    if not 2 <= n <= N:
+        raise ValueError(f"a futility bound needs 2 <= prompts so far <= total, got {n} of {N}")
+    d = [sign * (v - r) for v, r in zip(values, reference[:n], strict=True)]
+    mean = math.fsum(d) / n
+    ss = math.fsum((x - mean) ** 2 for x in d)  # (n - 1) s_n^2
+    k = t_quantile(confidence, N - 1) / math.sqrt(N * (N - 1))
+    rest = N - n
+    if rest == 0:
+        return mean - k * math.sqrt(ss)
+    r_plus = mean + t_quantile(look_confidence, n - 1) * math.sqrt(ss / (n - 1) * (1.0 / n + 1.0 / rest))
+    m_plus = (n * mean + rest * r_plus) / N
+    # f(M) = M - k sqrt(ss + n (M - mean)^2) is concave with its maximum at mean + u*,
+    # u*^2 = ss / (k^2 n^2 - n) when k^2 n > 1 (else f rises for ever): f's largest value
+    # over M <= M+ is at min(M+, mean + u*).
+    top = m_plus
+    if k * k * n > 1.0:
+        top = min(m_plus, mean + math.sqrt(ss / (k * k * n * n - n)))
+    return top - k * math.sqrt(ss + n * (top - mean) ** 2)
+
+
 def _mean(xs: Sequence[float]) -> float:
     return math.fsum(xs) / len(xs)
 
@@ -425,3 +487,48 @@ class PairedFeasibility:
             if any(pb[k].upper >= -pb[k].tolerance for k in ("accept_length", "metric")):
                 return ""  # it might still enter the candidate pool: evaluate it fully
         return why
+
+    def futile(
+        self, pp: PerPrompt, total: int, look_confidence: float, *, pool: PairedFeasibility | None = None
+    ) -> str:
+        """Why a partial evaluation can no longer pass this rule after ``total`` prompts ("" if
+        it still can): the futility stop of the module docstring.
+
+        An objective is dead when its :func:`futility_bound` is below ``-delta``
+        (:meth:`hopeless`, tested first, covers a mean shown worse than that). The set is futile when
+        one objective is dead under this rule (the AND rule of feasibility) and, with ``pool``
+        (the tau rule, given at level 1), both objectives are dead under ``pool`` too (the OR
+        rule of the candidate pool), so futility stopping changes neither.
+
+        Args:
+            pp: The per-prompt values of the prompts evaluated so far (n >= 2).
+            total: Prompts of the full evaluation.
+            look_confidence: The look's corrected confidence (``chunked``: Bonferroni).
+            pool: The tau rule at level 1.
+        """
+        if pp.n < 2 or pp.n >= total:
+            return ""
+        dead = self._dead(pp, total, look_confidence)
+        if not dead:
+            return ""
+        if pool is not None and len(pool._dead(pp, total, look_confidence)) < 2:
+            return ""  # it might still enter the candidate pool: evaluate it fully
+        name, bound, tol = dead[0]
+        return (
+            f"{name}: cannot become feasible: with the other {total - pp.n} prompts at their "
+            f"{look_confidence:.1%} prediction bound, the {self.confidence:.0%} lower bound after {total} "
+            f"prompts is at most {bound:+.4f} < -{tol:.4f} (after {pp.n} prompts)"
+        )
+
+    def _dead(self, pp: PerPrompt, total: int, look_confidence: float) -> list[tuple[str, float, float]]:
+        """The objectives whose final lower bound cannot reach ``-delta``: (name, bound, delta)."""
+        sign_m = 1.0 if self.metric_higher_is_better else -1.0
+        out = []
+        for name, vals, ref, sign, tol in (
+            ("accept_length", pp.accept_length, self.baseline.accept_length, 1.0, self.tol_accept),
+            ("metric", pp.metric, self.baseline.metric, sign_m, self.tol_metric),
+        ):
+            bound = futility_bound(vals, ref, total, self.confidence, look_confidence, sign=sign)
+            if bound < -tol:
+                out.append((name, bound, tol))
+        return out

@@ -322,7 +322,8 @@ class Worker:
             )
             pool_rule = pool if isinstance(pool, PairedFeasibility) else None
         return evaluate_skip_set(
-            self.evaluator, config, num_prompts=n, chunk=chunk, rule=rule, pool_rule=pool_rule
+            self.evaluator, config, num_prompts=n, chunk=chunk, rule=rule, pool_rule=pool_rule,
+            futility=settings.futility_stopping,
         )
 
     def _check_prompt_count(self, config: Config, ev: TrialEvaluation) -> None:
