@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tss_opt.decoding.drafter import Drafter
-from tss_opt.decoding.engine import SCOPES, SpeculativeEngine
+from tss_opt.decoding.engine import SCOPES, SpeculativeEngine, StepHook
 from tss_opt.decoding.skip import validate_skip
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
@@ -52,7 +52,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ControllerResult",
     "TSSController",
+    "chat_ids",
     "domain_system_prompts",
+    "is_chat",
     "load_or_fit_router",
     "router_cache_path",
     "router_domains",
@@ -179,6 +181,7 @@ class TSSController:
                     "(serve_lossy_entries=false serves them under verification=%s)",
                     ", ".join(f"{d}: {r.describe()}" for d, r in sorted(self._rules.items())), self.verifier.describe(),
                 )
+        self.entry_rules = entry_rules
         self._reported: set[str] = set()
         # The skip state lives on the model, so two requests must not decode at once.
         self._lock = threading.Lock()
@@ -226,14 +229,37 @@ class TSSController:
         )
         return decision.domain, decision
 
+    def with_mapping(self, mapping: DomainMapping | str | os.PathLike[str]) -> TSSController:
+        """A controller serving ``mapping`` on the same loaded model, drafter factory, router
+        and settings (the server's reload; this controller is left unchanged).
+
+        Raises:
+            MappingError: The mapping is corrupt or for another model.
+        """
+        if not isinstance(mapping, DomainMapping):
+            mapping = load_mapping(mapping)
+        missing = [d for d in mapping.domains if d not in self.system_prompts]
+        prompts = {**self.system_prompts, **(domain_system_prompts(missing) if missing else {})}
+        return type(self)(
+            self.target, self.tokenizer, mapping, self.drafter_factory, self.eos_token_ids, self.router,
+            model_id=self.model_id, scope=self.scope, temperature=self.temperature,
+            max_new_tokens=self.max_new_tokens, system_prompts=prompts, verification=self.verifier,
+            entry_rules=self.entry_rules,
+        )
+
     # ----------------------------------------------------------------------------- serving
-    def prompt_ids(self, prompt: str | torch.Tensor | Sequence[int], system_prompt: str | None = None) -> torch.Tensor:
+    def prompt_ids(
+        self, prompt: str | torch.Tensor | Sequence[int] | Sequence[Mapping[str, str]], system_prompt: str | None = None
+    ) -> torch.Tensor:
         """Token ids of a request: text goes through the chat template (as in the search);
-        ids are used as given.
+        a list of chat messages (``{"role", "content"}`` dicts) too, with ``system_prompt`` as
+        a first system message when the messages have none; ids are used as given.
 
         Returns:
             ``torch.LongTensor`` of shape ``(P,)``.
         """
+        if is_chat(prompt):
+            return chat_ids(self.tokenizer, prompt, system_prompt)  # type: ignore[arg-type]
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("the prompt is empty; give some text")
@@ -252,6 +278,7 @@ class TSSController:
         temperature: float | None = None,
         seed: int | None = None,
         system_prompt: str | None = None,
+        on_step: StepHook | None = None,
     ) -> ControllerResult:
         """Serve one request with its domain's skip set, kept for the whole request.
 
@@ -263,7 +290,10 @@ class TSSController:
             temperature: Overrides the controller's temperature.
             seed: Seeds sampling (temperature > 0).
             system_prompt: System message for text prompts; ``None``: the resolved domain's
-                (``system_prompts``), if any.
+                (``system_prompts``), if any (chat messages that carry their own system
+                message keep it).
+            on_step: Passed to :meth:`SpeculativeEngine.generate`: sees each step's committed
+                tokens, returns True to stop (streaming, cancellation).
         """
         # The router embeds prompts without a system message (as it was fitted); the domain's
         # own system message is added once the domain is known.
@@ -271,7 +301,7 @@ class TSSController:
         with self._lock:
             resolved, decision = self.resolve(ids, domain)
             own = self.system_prompts.get(resolved) if resolved is not None else None
-            if isinstance(prompt, str) and system_prompt is None and own:
+            if (isinstance(prompt, str) or (is_chat(prompt) and not has_system(prompt))) and system_prompt is None and own:  # type: ignore[arg-type]
                 ids = self.prompt_ids(prompt, own)
             skip = self.skip_set_for(resolved)
             engine = SpeculativeEngine(
@@ -285,6 +315,7 @@ class TSSController:
                 scope=self.scope,  # type: ignore[arg-type]
                 temperature=self.temperature if temperature is None else float(temperature),
                 seed=seed,
+                on_step=on_step,
             )
         return ControllerResult(
             text=self.tokenizer.decode(res.tokens, skip_special_tokens=True),
@@ -388,6 +419,37 @@ def domain_system_prompts(
                 "search's --config-dir to apply it.", name, e,
             )
     return out
+
+
+def is_chat(prompt: object) -> bool:
+    """Whether a prompt is a list of chat messages (dicts), not text or token ids."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(m, Mapping) for m in prompt)
+
+
+def has_system(messages: Sequence[Mapping[str, str]]) -> bool:
+    return any(m.get("role") == "system" for m in messages)
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]], system_prompt: str | None = None) -> torch.Tensor:
+    """Chat messages through the model's chat template, with the generation prompt.
+
+    ``system_prompt`` goes first as a system message when the messages have none: for one
+    user message this is exactly :func:`~tss_opt.evaluation.domains.format_prompt`'s ids (how
+    the search formatted its prompts).
+
+    Returns:
+        ``torch.LongTensor`` of shape ``(P,)``.
+    """
+    msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+    if system_prompt and not has_system(msgs):
+        msgs.insert(0, {"role": "system", "content": system_prompt})
+    if not getattr(tokenizer, "chat_template", None):
+        # Without a template: format_prompt's plain-text layout (system, blank line, turns).
+        text = "\n\n".join(m["content"] for m in msgs)
+        return torch.as_tensor(tokenizer(text)["input_ids"], dtype=torch.long).reshape(-1)
+    out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = out["input_ids"] if isinstance(out, Mapping) else out
+    return torch.as_tensor(ids, dtype=torch.long).reshape(-1)
 
 
 def _check_mapping_model(mapping: DomainMapping, model_id: str | None, num_layers: int) -> None:

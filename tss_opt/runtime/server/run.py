@@ -1,0 +1,58 @@
+"""Starting the server: settings checked first, the model, mapping and router loaded once,
+then uvicorn until Ctrl-C."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tss_opt.runtime.server.app import ServingState, create_app
+from tss_opt.runtime.server.settings import ServerSettings
+
+__all__ = ["build_state", "run_server", "uvicorn_config"]
+
+log = logging.getLogger(__name__)
+
+
+def build_state(cfg: Any) -> ServingState:
+    """Check the settings (before loading anything: a refused start costs nothing), then load
+    the model, drafter, mapping and router (fitted or loaded now, not on the first request).
+
+    Raises:
+        UsageError: Bad settings (a non-loopback host without a key...).
+        MappingError: Missing, corrupt or other-model mapping.
+    """
+    from tss_opt.runtime.controller import TSSController
+
+    settings = ServerSettings.from_config(cfg)
+    controller = TSSController.from_config(cfg, with_router=True)
+    name = settings.served_model_name or str(cfg.model.name)
+    return ServingState(controller, settings, name, str(cfg.mapping_path))
+
+
+def uvicorn_config(state: ServingState, log_level: str = "info") -> Any:
+    """uvicorn's settings for ``state``: idle connections closed after ``timeout_keep_alive``
+    seconds; uvicorn's loggers go through the command's logging (no second config)."""
+    import uvicorn
+
+    s = state.settings
+    return uvicorn.Config(
+        create_app(state), host=s.host, port=s.port, timeout_keep_alive=s.timeout_keep_alive,
+        log_config=None, log_level=log_level.lower(), server_header=False, date_header=False,
+        # Connections beyond this answer 503 at once instead of piling up file descriptors.
+        limit_concurrency=max(64, 4 * s.max_queue),
+    )
+
+
+def run_server(state: ServingState, log_level: str = "info") -> None:
+    """Serve until interrupted."""
+    import uvicorn
+
+    state.settings.warn_if_open()
+    c = state.controller
+    log.info(
+        "serving %s on http://%s:%d (domains: %s; router: %s; API key: %s)", state.model_name, state.settings.host,
+        state.settings.port, ", ".join(c.domains) or "none", "yes" if c.router is not None else "no",
+        "required" if state.settings.api_key else "none",
+    )
+    uvicorn.Server(uvicorn_config(state, log_level)).run()
