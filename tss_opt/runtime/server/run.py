@@ -50,9 +50,10 @@ def run_server(state: ServingState, log_level: str = "info") -> None:
 
     state.settings.warn_if_open()
     c = state.controller
+    port = state.settings.port or "<a free port: see the line below>"
     log.info(
-        "serving %s on http://%s:%d (domains: %s; router: %s; API key: %s)", state.model_name, state.settings.host,
-        state.settings.port, ", ".join(c.domains) or "none", "yes" if c.router is not None else "no",
+        "serving %s on http://%s:%s (domains: %s; router: %s; API key: %s)", state.model_name, state.settings.host,
+        port, ", ".join(c.domains) or "none", "yes" if c.router is not None else "no",
         "required" if state.settings.api_key else "none",
     )
     uvicorn.Server(uvicorn_config(state, log_level)).run()

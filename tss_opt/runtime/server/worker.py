@@ -98,7 +98,7 @@ class GenerationWorker:
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="tss-generation", daemon=True)
         self.busy = False
-        self.served = 0
+        self.served = 0  # jobs the model started on
 
     def start(self) -> None:
         self._thread.start()
@@ -140,6 +140,7 @@ class GenerationWorker:
                 job.emit(Event("cancelled"))
                 continue
             self.busy = True
+            self.served += 1  # counted when the model starts on it (tests: "nothing generated")
             try:
                 self._serve(job)
             except BaseException as e:  # the worker outlives every request
@@ -147,7 +148,6 @@ class GenerationWorker:
                 job.emit(Event("error", error=e))
             finally:
                 self.busy = False
-                self.served += 1
 
     def _serve(self, job: Job) -> None:
         controller = self._controller()
