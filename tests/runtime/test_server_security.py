@@ -20,8 +20,8 @@ import yaml
 from runtime_support import mapping_data
 from server_support import make_state, running_server, tiny_controller
 
-from tss_opt.runtime.server import ServerSettings
 from tss_opt.errors import UsageError
+from tss_opt.runtime.server import ServerSettings
 
 KEY = "sk-test-Zq8v3LrT0pSecretValue"
 PROMPT = "my private prompt about zebras"
