@@ -18,7 +18,7 @@ from runtime_support import mapping_data
 from server_support import make_state, plain_greedy, running_server, tiny_controller, tiny_router
 
 from tss_opt.evaluation.domains import Example, format_prompt
-from tss_opt.runtime.controller import chat_ids
+from tss_opt.runtime.chat import chat_ids
 
 SKIPS = {"qa": [1], "translation": [2, 3]}
 HAMLET = [{"role": "user", "content": "Who wrote Hamlet?"}]

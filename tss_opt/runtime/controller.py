@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,21 +38,21 @@ from tss_opt.decoding.verify.relaxed import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
 from tss_opt.mapping.rule import entry_verifier
-from tss_opt.runtime.background import BACKGROUND_PROMPTS
-from tss_opt.runtime.router import DomainRouter, RouteDecision, RouterError, domains_fingerprint
+from tss_opt.runtime.chat import chat_ids, has_system, is_chat
+from tss_opt.runtime.router import DomainRouter, RouteDecision
+
+# Kept importable from here (older code imports them from the controller).
+from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path, router_domains
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from tss_opt.assembly import Assembly
-    from tss_opt.evaluation.domains import Domain
 
 __all__ = [
     "ControllerResult",
     "TSSController",
-    "chat_ids",
     "domain_system_prompts",
-    "is_chat",
     "load_or_fit_router",
     "router_cache_path",
     "router_domains",
@@ -421,37 +419,6 @@ def domain_system_prompts(
     return out
 
 
-def is_chat(prompt: object) -> bool:
-    """Whether a prompt is a list of chat messages (dicts), not text or token ids."""
-    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(m, Mapping) for m in prompt)
-
-
-def has_system(messages: Sequence[Mapping[str, str]]) -> bool:
-    return any(m.get("role") == "system" for m in messages)
-
-
-def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]], system_prompt: str | None = None) -> torch.Tensor:
-    """Chat messages through the model's chat template, with the generation prompt.
-
-    ``system_prompt`` goes first as a system message when the messages have none: for one
-    user message this is exactly :func:`~tss_opt.evaluation.domains.format_prompt`'s ids (how
-    the search formatted its prompts).
-
-    Returns:
-        ``torch.LongTensor`` of shape ``(P,)``.
-    """
-    msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
-    if system_prompt and not has_system(msgs):
-        msgs.insert(0, {"role": "system", "content": system_prompt})
-    if not getattr(tokenizer, "chat_template", None):
-        # Without a template: format_prompt's plain-text layout (system, blank line, turns).
-        text = "\n\n".join(m["content"] for m in msgs)
-        return torch.as_tensor(tokenizer(text)["input_ids"], dtype=torch.long).reshape(-1)
-    out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    ids = out["input_ids"] if isinstance(out, Mapping) else out
-    return torch.as_tensor(ids, dtype=torch.long).reshape(-1)
-
-
 def _check_mapping_model(mapping: DomainMapping, model_id: str | None, num_layers: int) -> None:
     if model_id is not None:
         mapping.check_model(model_id, num_layers)
@@ -462,64 +429,3 @@ def _check_mapping_model(mapping: DomainMapping, model_id: str | None, num_layer
             f"the target has {num_layers} layers; its skip sets would skip the wrong layers. Use "
             "the mapping file searched on this model or run the search for it."
         )
-
-
-# --------------------------------------------------------------------------------- router
-def router_cache_path(mapping_path: str | os.PathLike[str], model_id: str) -> Path:
-    """Where the fitted router of ``model_id`` is kept: next to the mapping file."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", model_id).strip("_").lower() or "model"
-    return Path(mapping_path).with_name(f"router.{slug}.json")
-
-
-def router_domains(extra: Iterable[str] = (), config_dirs: Sequence[str | os.PathLike[str]] | None = None) -> list[Domain]:
-    """The domains of the config folders (``<dir>/domain/*.yaml``) plus ``extra`` names found
-    there.
-
-    Fitting on every known domain, mapped or not, keeps a prompt that resembles an unmapped
-    domain from being pushed into a mapped one.
-
-    Args:
-        extra: Names that must be included (the mapped domains).
-        config_dirs: Where domain configs are looked up; ``None``: the shipped ``conf/`` and
-            the running command's ``--config-dir`` folders.
-    """
-    from tss_opt.config.search_path import domain_config_dirs
-    from tss_opt.evaluation.domains import (
-        DomainError,
-        available_domains,
-        load_domain,
-        read_domain_config,
-    )
-
-    dirs = list(config_dirs) if config_dirs is not None else domain_config_dirs()
-    names = sorted(set(available_domains(dirs)) | set(extra))
-    out = []
-    for name in names:
-        try:
-            out.append(load_domain(read_domain_config(name, dirs)))
-        except DomainError as e:
-            log.warning("router: domain %r left out (%s)", name, e)
-    return out
-
-
-def load_or_fit_router(rt: Assembly, path: Path, extra_domains: Iterable[str] = ()) -> DomainRouter:
-    """The cached router at ``path`` if it matches the model and the domains' prompts, else a
-    new one fitted on the domains' calibration prompts (one dense forward each) and saved."""
-    domains = router_domains(extra_domains)
-    if not domains:
-        raise RouterError("no domain configs found to fit the router on; add conf/domain/*.yaml or pass request_domain=...")
-    model_id = rt.loaded.model_id
-    if path.is_file():
-        try:
-            router = DomainRouter.load(path, rt.target, model_id=model_id)
-            if router.fingerprint == domains_fingerprint(domains, "calibration", BACKGROUND_PROMPTS):
-                log.info("router: loaded %s (%s)", path, ", ".join(router.domains))
-                return router
-            log.info("router: %s was fitted on other prompts; refitting", path)
-        except RouterError as e:
-            log.warning("router: %s; refitting", e)
-    log.info("router: fitting on the calibration prompts of %s", ", ".join(d.name for d in domains))
-    router = DomainRouter.fit_domains(rt.target, rt.loaded.tokenizer, domains, model_id=model_id)
-    router.save(path)
-    log.info("router: saved %s", path)
-    return router
