@@ -346,3 +346,57 @@ def test_the_mapping_is_reloaded_when_it_changes_and_another_models_is_refused(t
         m = httpx.get(url + "/metrics").text
         assert _metric(m, "tss_mapping_reloads_total", result="ok") == 1
         assert _metric(m, "tss_mapping_reloads_total", result="refused") == 1
+
+
+def test_a_stalled_stream_reader_does_not_hold_the_worker(tiny, tiny_target, mapping_file):
+    c = tiny_controller(tiny, tiny_target, mapping_file)
+    c.eos_token_ids = ()
+    state = make_state(c, None, max_tokens_cap=120)
+    with running_server(state) as url:
+        body = {"model": "tiny", "prompt": "stall", "max_tokens": 120, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            # Never read this stream: another request is still served, after the first one
+            # finished decoding on its own.
+            t0 = time.monotonic()
+            other = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "next", "max_tokens": 3}, timeout=60)
+            assert other.status_code == 200 and time.monotonic() - t0 < 50
+            assert state.worker.served == 2
+
+
+def test_the_step_hook_observes_without_changing_the_tokens(tiny, tiny_target, mapping_file):
+    from tss_opt.decoding.engine import SpeculativeEngine
+
+    c = tiny_controller(tiny, tiny_target, mapping_file)
+    ids = c.tokenizer("the step hook", return_tensors="pt")["input_ids"][0]
+    eng = SpeculativeEngine(c.target, c.drafter_factory(), eos_token_ids=())
+    plain = eng.generate(ids, max_new_tokens=40, skip={2}).tokens.tolist()
+    seen: list[int] = []
+    hooked = eng.generate(ids, max_new_tokens=40, skip={2}, on_step=lambda t: seen.extend(t.tolist())).tokens.tolist()
+    assert hooked == plain == seen
+    steps: list[int] = []
+
+    def stop_after_three(t) -> bool:
+        steps.append(len(t))
+        return len(steps) == 3
+
+    cut = SpeculativeEngine(c.target, c.drafter_factory(), eos_token_ids=()).generate(ids, max_new_tokens=40, skip={2}, on_step=stop_after_three)
+    assert cut.tokens.tolist() == plain[: sum(steps)] and len(steps) == 3 and cut.stats.new_tokens == sum(steps)
+
+
+def test_text_tracker_holds_back_half_characters_and_stop_prefixes(tiny):
+    from tss_opt.runtime.server.text import TextTracker
+
+    tok = tiny.tokenizer
+    text = "héllo wörld, stop here"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    tr = TextTracker(tok, stop=["stop"])
+    sent = ""
+    for t in ids:  # one token (byte) at a time: "é" and "ö" are two bytes each
+        tr.add([t])
+        delta = tr.release()
+        assert "\ufffd" not in delta
+        sent += delta
+        assert "st" != sent[-2:]  # a possible stop prefix is never released early
+    sent += tr.release(final=True)
+    assert tr.stopped and sent == tr.text == "héllo wörld, "
