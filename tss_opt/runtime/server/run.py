@@ -41,6 +41,8 @@ def uvicorn_config(state: ServingState, log_level: str = "info") -> Any:
         log_config=None, log_level=log_level.lower(), server_header=False, date_header=False,
         # Connections beyond this answer 503 at once instead of piling up file descriptors.
         limit_concurrency=max(64, 4 * s.max_queue),
+        # Ctrl-C: open streams get this long to end (their requests are cancelled) before exit.
+        timeout_graceful_shutdown=10,
     )
 
 

@@ -98,13 +98,16 @@ class GenerationWorker:
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="tss-generation", daemon=True)
         self.busy = False
+        self.current: Job | None = None
         self.served = 0  # jobs the model started on
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the current job; waiting jobs are cancelled."""
+        """Stop: the decoding job ends after its current step, waiting jobs are cancelled."""
+        if self.current is not None:
+            self.current.cancel()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -139,7 +142,7 @@ class GenerationWorker:
             if job.cancelled.is_set():
                 job.emit(Event("cancelled"))
                 continue
-            self.busy = True
+            self.busy, self.current = True, job
             self.served += 1  # counted when the model starts on it (tests: "nothing generated")
             try:
                 self._serve(job)
@@ -147,7 +150,7 @@ class GenerationWorker:
                 log.exception("generation failed")
                 job.emit(Event("error", error=e))
             finally:
-                self.busy = False
+                self.busy, self.current = False, None
 
     def _serve(self, job: Job) -> None:
         controller = self._controller()
