@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -92,3 +97,34 @@ def plain_greedy(controller: TSSController, ids: torch.Tensor, skip: frozenset[i
 
     eng = SpeculativeEngine(controller.target, controller.drafter_factory(), eos_token_ids=controller.eos_token_ids)
     return eng.generate(ids, max_new_tokens=n, skip=skip).tokens.tolist()
+
+
+# ------------------------------------------------------------------ the command (subprocess)
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TSS_API_KEY"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]), **extra)
+    return env
+
+
+def start_command(args: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    """Start the serve command; returns it and its base URL once uvicorn listens."""
+    out = log.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "tss_opt.cli.serve", "+model=tiny", "port=0", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = re.search(r"Uvicorn running on http://[^:]+:(\d+)", log.read_text())
+        if m:
+            return proc, f"http://127.0.0.1:{m.group(1)}"
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited: {log.read_text()}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the server did not start: {log.read_text()}")
+
+
+def stop_command(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()

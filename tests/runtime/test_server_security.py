@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +14,14 @@ import openai
 import pytest
 import yaml
 from runtime_support import mapping_data
-from server_support import make_state, running_server, tiny_controller
+from server_support import (
+    make_state,
+    running_server,
+    start_command,
+    stop_command,
+    subprocess_env,
+    tiny_controller,
+)
 
 from tss_opt.errors import UsageError
 from tss_opt.runtime.server import ServerSettings
@@ -142,12 +145,6 @@ def test_the_key_comes_from_tss_api_key_and_two_different_keys_are_refused():
 
 
 # ------------------------------------------------------------------ the command (subprocess)
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TSS_API_KEY"}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]), **extra)
-    return env
-
-
 @pytest.fixture
 def empty_mapping(tmp_path: Path) -> Path:
     path = tmp_path / "mapping.yaml"
@@ -158,7 +155,7 @@ def empty_mapping(tmp_path: Path) -> Path:
 def test_binding_beyond_loopback_without_a_key_refuses_to_start(empty_mapping):
     proc = subprocess.run(
         [sys.executable, "-m", "tss_opt.cli.serve", "+model=tiny", "host=0.0.0.0", f"mapping_path={empty_mapping}"],
-        capture_output=True, text=True, timeout=120, env=_env(),
+        capture_output=True, text=True, timeout=120, env=subprocess_env(),
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -167,45 +164,21 @@ def test_binding_beyond_loopback_without_a_key_refuses_to_start(empty_mapping):
     assert "loaded tiny" not in proc.stdout + proc.stderr  # refused before loading the model
 
 
-def _start(args: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
-    """Start the serve command; returns it and its base URL once uvicorn listens."""
-    out = log.open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "tss_opt.cli.serve", "+model=tiny", "port=0", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = re.search(r"Uvicorn running on http://[^:]+:(\d+)", log.read_text())
-        if m:
-            return proc, f"http://127.0.0.1:{m.group(1)}"
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited: {log.read_text()}")
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"the server did not start: {log.read_text()}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 def test_allow_open_starts_on_all_interfaces_and_warns_once(empty_mapping, tmp_path):
     log = tmp_path / "serve.log"
-    proc, url = _start(["host=0.0.0.0", "allow_open=true", f"mapping_path={empty_mapping}"], _env(), log)
+    proc, url = start_command(["host=0.0.0.0", "allow_open=true", f"mapping_path={empty_mapping}"], subprocess_env(), log)
     try:
         r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}, timeout=60)
         assert r.status_code == 200
     finally:
-        _stop(proc)
+        stop_command(proc)
     text = log.read_text()
     assert text.count("without an API key (allow_open=true)") == 1
 
 
 def test_the_command_reads_tss_api_key_and_never_prints_it(empty_mapping, tmp_path):
     log = tmp_path / "serve.log"
-    proc, url = _start(["host=0.0.0.0", f"mapping_path={empty_mapping}", "log_level=DEBUG"], _env(TSS_API_KEY=KEY), log)
+    proc, url = start_command(["host=0.0.0.0", f"mapping_path={empty_mapping}", "log_level=DEBUG"], subprocess_env(TSS_API_KEY=KEY), log)
     try:
         assert httpx.get(url + "/v1/models").status_code == 401
         bad = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"})
@@ -213,6 +186,6 @@ def test_the_command_reads_tss_api_key_and_never_prints_it(empty_mapping, tmp_pa
         cl = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
         assert cl.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).choices
     finally:
-        _stop(proc)
+        stop_command(proc)
     text = log.read_text()
     assert "API key: required" in text and KEY not in text and "without an API key" not in text
