@@ -3,6 +3,8 @@ the router fitted at start (not on the first request)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -35,3 +37,14 @@ def test_the_command_loads_everything_at_start_and_serves_labelled_and_unlabeled
     text = log.read_text()
     assert text.count("router: fitting") == 1  # not again on a request
     assert "Who wrote Hamlet" not in text and "Guten Morgen" not in text  # no prompts in the log
+
+
+def test_a_missing_mapping_stops_the_server_command_with_one_line(tmp_path: Path):
+    missing = tmp_path / "missing.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tss_opt.cli.serve", "+model=tiny", f"mapping_path={missing}"],
+        capture_output=True, text=True, timeout=300, env=subprocess_env(),
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: Mapping file {missing} does not exist" + proc.stderr.split("does not exist", 1)[1].strip()]
+    assert "loaded tiny" not in proc.stdout

@@ -170,6 +170,8 @@ def test_allow_open_starts_on_all_interfaces_and_warns_once(empty_mapping, tmp_p
     try:
         r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}, timeout=60)
         assert r.status_code == 200
+        # The mapping is empty, yet the router was fitted at start: a search may fill it.
+        assert httpx.get(url + "/health").json()["router"] is True
     finally:
         stop_command(proc)
     text = log.read_text()

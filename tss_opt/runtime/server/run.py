@@ -22,10 +22,19 @@ def build_state(cfg: Any) -> ServingState:
         UsageError: Bad settings (a non-loopback host without a key...).
         MappingError: Missing, corrupt or other-model mapping.
     """
+    from tss_opt.assembly import assemble
+    from tss_opt.mapping import load_mapping
     from tss_opt.runtime.controller import TSSController
+    from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path
 
     settings = ServerSettings.from_config(cfg)
-    controller = TSSController.from_config(cfg, with_router=True)
+    load_mapping(cfg.mapping_path)  # a missing or corrupt file fails before the model loads
+    rt = assemble(cfg)
+    controller = TSSController.from_config(cfg, runtime=rt, with_router=True)
+    if controller.router is None:
+        # An empty mapping needs no router yet, but a search may fill it while the server
+        # runs (it is reloaded): fit the router now rather than on a request or a restart.
+        controller.router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id))
     name = settings.served_model_name or str(cfg.model.name)
     return ServingState(controller, settings, name, str(cfg.mapping_path))
 
