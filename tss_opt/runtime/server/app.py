@@ -139,6 +139,7 @@ class ServingState:
         job = Job(
             prompt=prompt, domain=req.domain, max_tokens=max_tokens, temperature=req.temperature, seed=req.seed,
             tracker=TextTracker(c.tokenizer, req.stop), stream=req.stream, loop=loop, eos_token_ids=c.eos_token_ids,
+            prompt_param=req.prompt_param,
         )
         try:
             self.worker.submit(job)

@@ -68,6 +68,7 @@ class Job:
     stream: bool
     loop: asyncio.AbstractEventLoop
     eos_token_ids: tuple[int, ...] = ()
+    prompt_param: str = "prompt"  # the request field errors about the prompt name
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.perf_counter)
@@ -174,7 +175,7 @@ class GenerationWorker:
                 on_step=on_step,
             )
         except ValueError as e:  # the project's user errors (ContextLengthError...): the request's fault
-            job.emit(Event("error", error=APIError(400, str(e), param="prompt")))
+            job.emit(Event("error", error=APIError(400, str(e), param=job.prompt_param)))
             return
         if job.cancelled.is_set():
             log.info("request cancelled by its client after %d tokens", int(res.stats.new_tokens))
