@@ -191,3 +191,17 @@ def test_the_command_reads_tss_api_key_and_never_prints_it(empty_mapping, tmp_pa
         stop_command(proc)
     text = log.read_text()
     assert "API key: required" in text and KEY not in text and "without an API key" not in text
+
+
+def test_a_port_in_use_is_one_clear_error():
+    import socket
+
+    from tss_opt.runtime.server.run import check_bind
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(UsageError, match=f"cannot listen on 127.0.0.1:{port}.*port="):
+            check_bind("127.0.0.1", port)
+    check_bind("127.0.0.1", 0)

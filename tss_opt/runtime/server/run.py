@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tss_opt.errors import UsageError
 from tss_opt.runtime.server.app import ServingState, create_app
 from tss_opt.runtime.server.settings import ServerSettings
 
-__all__ = ["build_state", "run_server", "uvicorn_config"]
+__all__ = ["build_state", "check_bind", "run_server", "uvicorn_config"]
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,29 @@ def uvicorn_config(state: ServingState, log_level: str = "info") -> Any:
     )
 
 
+def check_bind(host: str, port: int) -> None:
+    """Raise a one-line :class:`UsageError` when ``host:port`` cannot be bound (in use, or an
+    address this machine does not have), instead of uvicorn's log line and exit status 1."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host.strip("[]"), port))
+    except OSError as e:
+        raise UsageError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another port=... or host=...") from e
+
+
 def run_server(state: ServingState, log_level: str = "info") -> None:
-    """Serve until interrupted."""
+    """Serve until interrupted.
+
+    Raises:
+        UsageError: The address cannot be bound.
+    """
     import uvicorn
 
+    check_bind(state.settings.host, state.settings.port)
     state.settings.warn_if_open()
     c = state.controller
     port = state.settings.port or "<a free port: see the line below>"
