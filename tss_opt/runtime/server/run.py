@@ -20,7 +20,7 @@ def build_state(cfg: Any) -> ServingState:
     the model, drafter, mapping and router (fitted or loaded now, not on the first request).
 
     Raises:
-        UsageError: Bad settings (a non-loopback host without a key...).
+        UsageError: Bad settings (a non-loopback host without a key, a port in use...).
         MappingError: Missing, corrupt or other-model mapping.
     """
     from tss_opt.assembly import assemble
@@ -29,6 +29,7 @@ def build_state(cfg: Any) -> ServingState:
     from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path
 
     settings = ServerSettings.from_config(cfg)
+    check_bind(settings.host, settings.port)
     load_mapping(cfg.mapping_path)  # a missing or corrupt file fails before the model loads
     rt = assemble(cfg)
     controller = TSSController.from_config(cfg, runtime=rt, with_router=True)
