@@ -33,8 +33,8 @@ from tss_opt.runtime.router import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_THRESHOLD_MARGIN,
     DomainRouter,
-    routing_accuracy,
 )
+from tss_opt.runtime.routing_eval import routing_accuracy
 
 # Requests none of the shipped domains covers: they should run dense.
 FAR_AWAY = [

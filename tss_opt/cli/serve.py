@@ -1,6 +1,8 @@
-"""``python -m tss_opt.cli.serve prompt="..." [request_domain=qa] [mapping_path=...]``
+"""``python -m tss_opt.cli.serve [host=127.0.0.1] [port=8000] [mapping_path=...]`` starts the
+OpenAI-compatible HTTP server (docs/serving.md); with ``prompt="..." [request_domain=qa]`` it
+answers one request and exits.
 
-Serves one request the way the runtime does: the domain's skip set from the mapping file
+One request is served the way the runtime does: the domain's skip set from the mapping file
 (``request_domain``, or detected by the domain router when it is not given; unknown domains
 run dense), on one loaded model. Prints the chosen domain, the skip set, the output and the
 request's statistics. See docs/runtime.md.
@@ -41,9 +43,16 @@ def describe(res: ControllerResult, controller: TSSController) -> str:
     return "\n".join(lines)
 
 
-def serve(cfg: DictConfig) -> ControllerResult:
-    if not cfg.get("prompt"):
-        raise UsageError('no prompt given; add prompt="your text" (quote it for the shell)')
+def serve(cfg: DictConfig) -> ControllerResult | None:
+    """With ``prompt=``: answer it and return the result; without: run the HTTP server until
+    interrupted."""
+    if cfg.get("prompt") is None:
+        from tss_opt.runtime.server import build_state, run_server
+
+        run_server(build_state(cfg), str(cfg.get("log_level", "INFO")))
+        return None
+    if not str(cfg.prompt).strip():
+        raise UsageError('the prompt is empty; give prompt="your text" (or no prompt= to start the HTTP server)')
     controller = TSSController.from_config(cfg)
     res = controller.generate(cfg.prompt, cfg.get("request_domain"))
     print(describe(res, controller))

@@ -15,6 +15,7 @@ from tss_opt.config.domain import DomainConfig
 from tss_opt.config.enums import Cost, Scope, Verification
 from tss_opt.config.model import ModelConfig
 from tss_opt.config.search import SearchSettings
+from tss_opt.config.serve import ServeSettings
 from tss_opt.config.train import TrainSettings
 
 
@@ -82,8 +83,9 @@ class RelaxedSettings:
 
 
 @dataclass
-class TSSConfig:
-    """The whole configuration tree (``conf/config.yaml``)."""
+class TSSConfig(ServeSettings):
+    """The whole configuration tree (``conf/config.yaml``); the HTTP server's keys (``host``,
+    ``port``, ``api_key``...) come from :class:`~tss_opt.config.serve.ServeSettings`."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     domain: DomainConfig | None = None

@@ -10,7 +10,7 @@ drafter learn). Chains are one-branch trees: one verification path.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,6 +33,9 @@ from tss_opt.decoding.verify.relaxed import Verifier
 
 SkipScope = Literal["verify", "all"]
 SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)
+# Called with the tokens a step committed (``torch.LongTensor`` of shape ``(k,)``); returning
+# True stops the request after that step (a server's cancel or stop-string check).
+StepHook = Callable[[torch.Tensor], "bool | None"]
 
 
 class NoDrafter(Drafter):
@@ -128,6 +131,7 @@ class SpeculativeEngine:
         temperature: float = 0.0,
         seed: int | None = None,
         prefill: DensePrefill | None = None,
+        on_step: StepHook | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
 
@@ -144,6 +148,10 @@ class SpeculativeEngine:
             prefill: this prompt's dense prefill computed earlier (``prefill.dense_prefill``);
                 the request starts from a copy of it instead of running the prompt (scope
                 ``"verify"`` only; same tokens, ``stats.prefill_layer_forwards`` = 0).
+            on_step: called after the prefill and after every step with the tokens that step
+                committed (``torch.LongTensor`` of shape ``(k,)``, ``k >= 0``); when it returns
+                True the request ends there. It only observes: the tokens committed until then
+                are those of a run without it (streaming, cancellation, stop strings).
         """
         if scope not in SCOPES:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
@@ -156,8 +164,12 @@ class SpeculativeEngine:
         skip_set = frozenset(int(i) for i in skip)
         t_start = time.perf_counter()
         req = self.prefill(prompt, max_new_tokens, skip_set, scope, temperature, seed, prefill)
+        P = len(req.prompt)
+        if on_step is not None and on_step(req.seq[P : P + req.n_out].clone()):
+            req.done = True
         with self.target.skip(skip_set):
             while not req.done and req.n_out < req.max_new_tokens:
+                before_step = req.n_out
                 t0 = time.perf_counter()
                 tree = self.draft(req)
                 t1 = time.perf_counter()
@@ -168,9 +180,10 @@ class SpeculativeEngine:
                 t3 = time.perf_counter()
                 req.stats.draft_s += (t1 - t0) + (t3 - t2)
                 req.stats.verify_s += t2 - t1
+                if on_step is not None and on_step(req.seq[P + before_step : P + req.n_out].clone()):
+                    break
         req.stats.new_tokens = req.n_out
         req.stats.total_s = time.perf_counter() - t_start
-        P = len(req.prompt)
         return GenerationResult(tokens=req.seq[P : P + req.n_out].clone(), stats=req.stats)
 
     # ------------------------------------------------------------------------ the steps

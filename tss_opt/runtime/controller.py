@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tss_opt.decoding.drafter import Drafter
-from tss_opt.decoding.engine import SCOPES, SpeculativeEngine
+from tss_opt.decoding.engine import SCOPES, SpeculativeEngine, StepHook
 from tss_opt.decoding.skip import validate_skip
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
@@ -40,14 +38,16 @@ from tss_opt.decoding.verify.relaxed import Verifier
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.mapping import DomainMapping, MappingError, load_mapping
 from tss_opt.mapping.rule import entry_verifier
-from tss_opt.runtime.background import BACKGROUND_PROMPTS
-from tss_opt.runtime.router import DomainRouter, RouteDecision, RouterError, domains_fingerprint
+from tss_opt.runtime.chat import chat_ids, has_system, is_chat
+from tss_opt.runtime.router import DomainRouter, RouteDecision
+
+# Kept importable from here (older code imports them from the controller).
+from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path, router_domains
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from tss_opt.assembly import Assembly
-    from tss_opt.evaluation.domains import Domain
 
 __all__ = [
     "ControllerResult",
@@ -179,6 +179,7 @@ class TSSController:
                     "(serve_lossy_entries=false serves them under verification=%s)",
                     ", ".join(f"{d}: {r.describe()}" for d, r in sorted(self._rules.items())), self.verifier.describe(),
                 )
+        self.entry_rules = entry_rules
         self._reported: set[str] = set()
         # The skip state lives on the model, so two requests must not decode at once.
         self._lock = threading.Lock()
@@ -226,14 +227,37 @@ class TSSController:
         )
         return decision.domain, decision
 
+    def with_mapping(self, mapping: DomainMapping | str | os.PathLike[str]) -> TSSController:
+        """A controller serving ``mapping`` on the same loaded model, drafter factory, router
+        and settings (the server's reload; this controller is left unchanged).
+
+        Raises:
+            MappingError: The mapping is corrupt or for another model.
+        """
+        if not isinstance(mapping, DomainMapping):
+            mapping = load_mapping(mapping)
+        missing = [d for d in mapping.domains if d not in self.system_prompts]
+        prompts = {**self.system_prompts, **(domain_system_prompts(missing) if missing else {})}
+        return type(self)(
+            self.target, self.tokenizer, mapping, self.drafter_factory, self.eos_token_ids, self.router,
+            model_id=self.model_id, scope=self.scope, temperature=self.temperature,
+            max_new_tokens=self.max_new_tokens, system_prompts=prompts, verification=self.verifier,
+            entry_rules=self.entry_rules,
+        )
+
     # ----------------------------------------------------------------------------- serving
-    def prompt_ids(self, prompt: str | torch.Tensor | Sequence[int], system_prompt: str | None = None) -> torch.Tensor:
+    def prompt_ids(
+        self, prompt: str | torch.Tensor | Sequence[int] | Sequence[Mapping[str, str]], system_prompt: str | None = None
+    ) -> torch.Tensor:
         """Token ids of a request: text goes through the chat template (as in the search);
-        ids are used as given.
+        a list of chat messages (``{"role", "content"}`` dicts) too, with ``system_prompt`` as
+        a first system message when the messages have none; ids are used as given.
 
         Returns:
             ``torch.LongTensor`` of shape ``(P,)``.
         """
+        if is_chat(prompt):
+            return chat_ids(self.tokenizer, prompt, system_prompt)  # type: ignore[arg-type]
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("the prompt is empty; give some text")
@@ -252,6 +276,7 @@ class TSSController:
         temperature: float | None = None,
         seed: int | None = None,
         system_prompt: str | None = None,
+        on_step: StepHook | None = None,
     ) -> ControllerResult:
         """Serve one request with its domain's skip set, kept for the whole request.
 
@@ -263,7 +288,10 @@ class TSSController:
             temperature: Overrides the controller's temperature.
             seed: Seeds sampling (temperature > 0).
             system_prompt: System message for text prompts; ``None``: the resolved domain's
-                (``system_prompts``), if any.
+                (``system_prompts``), if any (chat messages that carry their own system
+                message keep it).
+            on_step: Passed to :meth:`SpeculativeEngine.generate`: sees each step's committed
+                tokens, returns True to stop (streaming, cancellation).
         """
         # The router embeds prompts without a system message (as it was fitted); the domain's
         # own system message is added once the domain is known.
@@ -271,7 +299,7 @@ class TSSController:
         with self._lock:
             resolved, decision = self.resolve(ids, domain)
             own = self.system_prompts.get(resolved) if resolved is not None else None
-            if isinstance(prompt, str) and system_prompt is None and own:
+            if (isinstance(prompt, str) or (is_chat(prompt) and not has_system(prompt))) and system_prompt is None and own:  # type: ignore[arg-type]
                 ids = self.prompt_ids(prompt, own)
             skip = self.skip_set_for(resolved)
             engine = SpeculativeEngine(
@@ -285,6 +313,7 @@ class TSSController:
                 scope=self.scope,  # type: ignore[arg-type]
                 temperature=self.temperature if temperature is None else float(temperature),
                 seed=seed,
+                on_step=on_step,
             )
         return ControllerResult(
             text=self.tokenizer.decode(res.tokens, skip_special_tokens=True),
@@ -400,64 +429,3 @@ def _check_mapping_model(mapping: DomainMapping, model_id: str | None, num_layer
             f"the target has {num_layers} layers; its skip sets would skip the wrong layers. Use "
             "the mapping file searched on this model or run the search for it."
         )
-
-
-# --------------------------------------------------------------------------------- router
-def router_cache_path(mapping_path: str | os.PathLike[str], model_id: str) -> Path:
-    """Where the fitted router of ``model_id`` is kept: next to the mapping file."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", model_id).strip("_").lower() or "model"
-    return Path(mapping_path).with_name(f"router.{slug}.json")
-
-
-def router_domains(extra: Iterable[str] = (), config_dirs: Sequence[str | os.PathLike[str]] | None = None) -> list[Domain]:
-    """The domains of the config folders (``<dir>/domain/*.yaml``) plus ``extra`` names found
-    there.
-
-    Fitting on every known domain, mapped or not, keeps a prompt that resembles an unmapped
-    domain from being pushed into a mapped one.
-
-    Args:
-        extra: Names that must be included (the mapped domains).
-        config_dirs: Where domain configs are looked up; ``None``: the shipped ``conf/`` and
-            the running command's ``--config-dir`` folders.
-    """
-    from tss_opt.config.search_path import domain_config_dirs
-    from tss_opt.evaluation.domains import (
-        DomainError,
-        available_domains,
-        load_domain,
-        read_domain_config,
-    )
-
-    dirs = list(config_dirs) if config_dirs is not None else domain_config_dirs()
-    names = sorted(set(available_domains(dirs)) | set(extra))
-    out = []
-    for name in names:
-        try:
-            out.append(load_domain(read_domain_config(name, dirs)))
-        except DomainError as e:
-            log.warning("router: domain %r left out (%s)", name, e)
-    return out
-
-
-def load_or_fit_router(rt: Assembly, path: Path, extra_domains: Iterable[str] = ()) -> DomainRouter:
-    """The cached router at ``path`` if it matches the model and the domains' prompts, else a
-    new one fitted on the domains' calibration prompts (one dense forward each) and saved."""
-    domains = router_domains(extra_domains)
-    if not domains:
-        raise RouterError("no domain configs found to fit the router on; add conf/domain/*.yaml or pass request_domain=...")
-    model_id = rt.loaded.model_id
-    if path.is_file():
-        try:
-            router = DomainRouter.load(path, rt.target, model_id=model_id)
-            if router.fingerprint == domains_fingerprint(domains, "calibration", BACKGROUND_PROMPTS):
-                log.info("router: loaded %s (%s)", path, ", ".join(router.domains))
-                return router
-            log.info("router: %s was fitted on other prompts; refitting", path)
-        except RouterError as e:
-            log.warning("router: %s; refitting", e)
-    log.info("router: fitting on the calibration prompts of %s", ", ".join(d.name for d in domains))
-    router = DomainRouter.fit_domains(rt.target, rt.loaded.tokenizer, domains, model_id=model_id)
-    router.save(path)
-    log.info("router: saved %s", path)
-    return router

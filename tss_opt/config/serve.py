@@ -1,0 +1,42 @@
+"""Settings of the HTTP server (``python -m tss_opt.cli.serve`` without ``prompt=``).
+
+They are top-level keys of the configuration tree (``host=0.0.0.0``, ``port=8080``,
+``allow_open=true``...): :class:`~tss_opt.config.schema.TSSConfig` inherits them. Meanings and
+defaults are documented in docs/serving.md; the server reads them once, at start, into
+``tss_opt.runtime.server.settings.ServerSettings``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeSettings:
+    """The server's keys (issue 20, issue 25).
+
+    Attributes:
+        host: Address to bind. Anything beyond loopback needs an API key (or ``allow_open``).
+        port: TCP port (0: a free one, printed at start).
+        api_key: Bearer key every ``/v1/*`` request must carry; prefer the environment
+            variable ``TSS_API_KEY`` (a key in argv shows in ``ps``). ``None``: no key.
+        allow_open: Start on a non-loopback ``host`` without a key (warned once).
+        metrics_auth: With a key, ``/metrics`` needs it too (``false``: open, like ``/health``).
+        max_queue: Requests that may wait for the model; one more answers 429.
+        max_tokens_cap: The largest ``max_tokens`` a request may ask for (400 beyond).
+        max_body_bytes: Largest request body (413 beyond, refused before it is read).
+        timeout_keep_alive: Seconds an idle connection is kept open (uvicorn).
+        served_model_name: The model id ``/v1/models`` lists and requests name; ``None``: the
+            model config's ``name``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    allow_open: bool = False
+    metrics_auth: bool = True
+    max_queue: int = 16
+    max_tokens_cap: int = 1024
+    max_body_bytes: int = 1_000_000
+    timeout_keep_alive: int = 5
+    served_model_name: str | None = None

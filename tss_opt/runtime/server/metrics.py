@@ -1,0 +1,64 @@
+"""Prometheus metrics of one server (its own registry: two servers in one process, as in the
+tests, never share counters).
+
+- ``tss_requests_total{endpoint, domain}``: requests served (domain ``none``: dense, no domain).
+- ``tss_request_errors_total{status}``: requests refused or failed, by HTTP status.
+- ``tss_generated_tokens_total{domain}``: tokens generated.
+- ``tss_accept_length{domain}``: each request's accepted length (histogram).
+- ``tss_queue_depth``: requests waiting for the model (not counting the one decoding).
+- ``tss_request_latency_seconds{endpoint}``: arrival to last token (histogram).
+- ``tss_mapping_reloads_total{result}``: mapping reloads (``ok`` / ``refused``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics", "domain_label"]
+
+ACCEPT_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+def domain_label(domain: str | None) -> str:
+    return domain or "none"
+
+
+class ServerMetrics:
+    """The server's counters, gauges and histograms.
+
+    Args:
+        queue_depth: Returns the number of waiting requests when scraped.
+    """
+
+    def __init__(self, queue_depth: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("tss_requests", "Requests served", ["endpoint", "domain"], registry=r)
+        self.errors = Counter("tss_request_errors", "Requests refused or failed, by HTTP status", ["status"], registry=r)
+        self.tokens = Counter("tss_generated_tokens", "Tokens generated", ["domain"], registry=r)
+        self.accept_length = Histogram(
+            "tss_accept_length", "Accepted length per request (tokens per verification step)", ["domain"],
+            buckets=ACCEPT_BUCKETS, registry=r,
+        )
+        self.queue_depth = Gauge("tss_queue_depth", "Requests waiting for the model", registry=r)
+        self.queue_depth.set_function(lambda: float(queue_depth()))
+        self.latency = Histogram(
+            "tss_request_latency_seconds", "Seconds from arrival to the last token", ["endpoint"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.reloads = Counter("tss_mapping_reloads", "Mapping file reloads", ["result"], registry=r)
+
+    def served(self, endpoint: str, domain: str | None, new_tokens: int, accept_length: float, seconds: float) -> None:
+        d = domain_label(domain)
+        self.requests.labels(endpoint=endpoint, domain=d).inc()
+        self.tokens.labels(domain=d).inc(new_tokens)
+        self.accept_length.labels(domain=d).observe(accept_length)
+        self.latency.labels(endpoint=endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text format."""
+        return generate_latest(self.registry)

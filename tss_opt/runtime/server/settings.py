@@ -1,0 +1,114 @@
+"""The server's settings, read once at start, and the start-up checks of issue 25.
+
+A key may come from the ``api_key`` setting or, preferably, the ``TSS_API_KEY`` environment
+variable (a key in argv shows in ``ps``). Binding beyond loopback without a key is refused
+unless ``allow_open=true``: an open endpoint on a shared network hands anyone the model, the
+mapping and other people's prompts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tss_opt.errors import UsageError
+
+__all__ = ["API_KEY_ENV", "ServerSettings", "is_loopback"]
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "TSS_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server reachable from this machine only."""
+    h = host.strip().strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve to anything
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server needs, as one value (see :class:`tss_opt.config.serve.ServeSettings`
+    for each field's meaning). ``api_key`` is never printed: ``repr`` hides it."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    allow_open: bool = False
+    metrics_auth: bool = True
+    max_queue: int = 16
+    max_tokens_cap: int = 1024
+    max_body_bytes: int = 1_000_000
+    timeout_keep_alive: int = 5
+    served_model_name: str | None = None
+
+    def __repr__(self) -> str:
+        key = "set" if self.api_key else "none"
+        return (
+            f"ServerSettings(host={self.host!r}, port={self.port}, api_key=<{key}>, allow_open={self.allow_open}, "
+            f"max_queue={self.max_queue}, max_tokens_cap={self.max_tokens_cap}, max_body_bytes={self.max_body_bytes})"
+        )
+
+    __str__ = __repr__
+
+    @classmethod
+    def from_config(cls, cfg: Any, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        """Read the top-level serve keys of a composed config and ``TSS_API_KEY``.
+
+        Raises:
+            UsageError: A value out of range, two different keys, or a non-loopback ``host``
+                without a key and without ``allow_open=true``.
+        """
+        env = os.environ if environ is None else environ
+        setting = cfg.get("api_key")
+        setting = str(setting) if setting not in (None, "") else None
+        from_env = env.get(API_KEY_ENV) or None
+        if setting and from_env and setting != from_env:
+            raise UsageError(
+                f"api_key and {API_KEY_ENV} are both set and differ; keep one (prefer {API_KEY_ENV}: a key in argv shows in ps)"
+            )
+        s = cls(
+            host=str(cfg.get("host", "127.0.0.1")),
+            port=int(cfg.get("port", 8000)),
+            api_key=setting or from_env,
+            allow_open=bool(cfg.get("allow_open", False)),
+            metrics_auth=bool(cfg.get("metrics_auth", True)),
+            max_queue=int(cfg.get("max_queue", 16)),
+            max_tokens_cap=int(cfg.get("max_tokens_cap", 1024)),
+            max_body_bytes=int(cfg.get("max_body_bytes", 1_000_000)),
+            timeout_keep_alive=int(cfg.get("timeout_keep_alive", 5)),
+            served_model_name=cfg.get("served_model_name"),
+        )
+        s.check()
+        return s
+
+    def check(self) -> None:
+        """Refuse settings the server cannot start with (one line each, naming the fix)."""
+        for name, low in (("max_queue", 1), ("max_tokens_cap", 1), ("max_body_bytes", 1024), ("timeout_keep_alive", 1)):
+            value = getattr(self, name)
+            if value < low:
+                raise UsageError(f"{name}={value}; expected an integer >= {low}")
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"port={self.port}; expected 0-65535 (0 picks a free port)")
+        if not is_loopback(self.host) and not self.api_key and not self.allow_open:
+            raise UsageError(
+                f"host={self.host} is reachable beyond this machine and no API key is set: set {API_KEY_ENV} "
+                f"(or api_key=...), or pass allow_open=true to serve without one"
+            )
+
+    def warn_if_open(self) -> None:
+        """The one start-up warning of an open non-loopback server."""
+        if not is_loopback(self.host) and not self.api_key:
+            log.warning(
+                "serving on %s without an API key (allow_open=true): anyone who can reach this address can use "
+                "the model; set %s to require a key", self.host, API_KEY_ENV,
+            )
