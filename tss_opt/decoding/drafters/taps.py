@@ -105,6 +105,7 @@ class TapsDrafter(Drafter):
             )
         self.members: list[tuple[str, Drafter]] = list(members)
         self.needs_prefill_feedback = any(d.needs_prefill_feedback for _, d in members)
+        self._max_depth: int | None = None  # the engine's budget for the step being proposed
         self.gives_confidence = all(d.gives_confidence for _, d in members)
         self.reset_stats()
 
@@ -129,8 +130,18 @@ class TapsDrafter(Drafter):
             if d.needs_prefill_feedback:
                 d.prefill_feedback(prompt_ids, logits, hidden)
 
+    def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:
+        """Each member drafts within the budget before routing or merging, so that the
+        verified tree is the one whose node maps the feedback goes back through."""
+        self._max_depth = max_depth
+        try:
+            return self.propose(context)
+        finally:
+            self._max_depth = None
+
     def _propose_all(self, context: torch.Tensor) -> list[DraftTree]:
-        return [d.propose(context) for _, d in self.members]
+        limit = self._max_depth
+        return [d.propose(context) if limit is None else d.propose_within(context, limit) for _, d in self.members]
 
 
 def mean_confidence(name: str, tree: DraftTree) -> float:
