@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from tss_opt.decoding.budget import prune_depth
 from tss_opt.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.decoding.drafters.registry import DrafterConfigError
 from tss_opt.decoding.tree import ROOT, DraftTree
@@ -193,7 +194,7 @@ class RoutedDrafter(TapsDrafter):
         self.steps += 1
         n_acc = len(feedback.accepted)
         self.total_accepted += n_acc
-        if self._chosen is None:
+        if self._chosen is None or len(feedback.tree) == 0:  # nothing verified (or cut to the budget)
             self.empty_steps += 1
         else:
             s = self.stats[self._chosen]
@@ -356,6 +357,14 @@ class MergedDrafter(TapsDrafter):
             for _, d in self.members:
                 d.update(feedback)
             return
+        if len(feedback.tree) != len(merged.tree):
+            # The engine verified the merge cut to its budget (a wrapper's propose_within pruned
+            # it): cut the members alike. Merging keeps first-appearance order, so merging the
+            # cut members gives exactly the cut merge, and the node maps stay right.
+            limit = max(feedback.tree.depth, default=0)
+            trees = [prune_depth(t, limit) for t in trees]
+            merged = merge_trees(trees)
+            assert merged.tree.parents == feedback.tree.parents
         self.steps += 1
         self.total_accepted += len(feedback.accepted)
         if len(merged.tree) == 0:
