@@ -14,9 +14,12 @@ def pld() -> PromptLookupDrafter:
     return PromptLookupDrafter(num_tokens=4, max_ngram=2, min_ngram=1)
 
 
-def mapping_data(skips: dict[str, list[int]], model: str = TINY_ID, num_layers: int = 4) -> dict[str, Any]:
-    """A valid mapping document with one entry per domain (made-up measurements)."""
-    return {
+def mapping_data(
+    skips: dict[str, list[int]], model: str = TINY_ID, num_layers: int = 4, scopes: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A valid mapping document with one entry per domain (made-up measurements); ``scopes``
+    gives some entries a skip scope (the others have none: read as ``verify``)."""
+    data = {
         "format": 1,
         "model": model,
         "num_layers": num_layers,
@@ -40,3 +43,6 @@ def mapping_data(skips: dict[str, list[int]], model: str = TINY_ID, num_layers: 
             for d, s in skips.items()
         },
     }
+    for d, scope in (scopes or {}).items():
+        data["domains"][d]["scope"] = scope
+    return data

@@ -121,6 +121,10 @@ class TSSConfig(ServeSettings):
     # evaluate
     json_out: str | None = None  # write the aggregate and per_prompt as JSON to this path
 
+    # export_model: the domain's sparse target as a Hugging Face checkpoint (docs/mapping.md)
+    out: str | None = None  # the checkpoint folder (new or empty)
+    force: bool = False  # export an entry searched with scope=verify anyway (it then differs from the served target)
+
     # launch: one local worker per listed device
     devices: list[str] = field(default_factory=list)
 

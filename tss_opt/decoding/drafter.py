@@ -75,6 +75,17 @@ class Drafter(ABC):
             verified by speculative sampling; ``probs`` must then be set for stochastic drafters.
         """
 
+    def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:
+        """:meth:`propose`, with no node deeper than ``max_depth`` (the engine's remaining
+        context and token budget, :mod:`tss_opt.decoding.budget`).
+
+        The default prunes the full proposal; a drafter that pays per drafted level (a draft
+        model's forwards) or that maps feedback back to its own trees (TAPS) overrides it.
+        """
+        from tss_opt.decoding.budget import prune_depth
+
+        return prune_depth(self.propose(context), max_depth)
+
     def update(self, feedback: VerifyFeedback) -> None:
         """Learn from a verification step (default: nothing to learn)."""
 

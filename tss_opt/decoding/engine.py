@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from tss_opt.config.enums import Scope
+from tss_opt.decoding.budget import draft_depth_limit, prune_depth
 from tss_opt.decoding.cache import keep_accepted
 from tss_opt.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.decoding.prefill import DensePrefill
@@ -247,8 +248,12 @@ class SpeculativeEngine:
         )
 
     def draft(self, req: _Request) -> DraftTree:
-        """The drafter's proposal below the last committed token."""
-        return self.drafter.propose(req.context)
+        """The drafter's proposal below the last committed token, within budget: no node
+        deeper than the tokens left to generate or the context's positions allow (budget.py;
+        the draft slots are counted, so a request that fits the context stays inside it)."""
+        limit = draft_depth_limit(req.prefix_len, req.max_new_tokens - req.n_out, self.target.max_context)
+        # prune_depth is a no-op for a drafter that honours the limit itself.
+        return prune_depth(self.drafter.propose_within(req.context, limit), limit)
 
     def verify(self, req: _Request, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         """One target forward over the root and the tree (under the request's skip set).

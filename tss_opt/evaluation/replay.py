@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from tss_opt.decoding.budget import draft_depth_limit, prune_depth
 from tss_opt.decoding.cache import SkipAwareCache
 from tss_opt.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.decoding.engine import SCOPES, NoDrafter
@@ -266,6 +267,7 @@ def replay_stats(
     skipped_layers: int = 0,
     prefill_logits: torch.Tensor | None = None,
     features: torch.Tensor | None = None,
+    max_context: int | None = None,
 ) -> DecodeStats:
     """Replay ``drafter`` over the greedy output ``tokens``: the engine's statistics, exactly.
 
@@ -279,6 +281,8 @@ def replay_stats(
         tokens: the target's greedy output (ending at its first stop token, if any).
         prefill_logits: ``(1, vocab)`` for drafters with prefill feedback.
         features: ``(P + len(tokens) - 1, hidden)``: target features (EAGLE).
+        max_context: the target's positions (``TargetModel.max_context``): drafts are capped
+            to it and to the tokens left, as in the engine (``tss_opt.decoding.budget``).
 
     Returns:
         The stats of the request (no timings: the caller sets ``total_s``).
@@ -301,7 +305,8 @@ def replay_stats(
     done = y[0] in eos
     while not done and n_out < max_new_tokens:
         root, root_pos = y[n_out - 1], P + n_out - 1  # the last committed token and its position
-        tree = drafter.propose(seq[: P + n_out])
+        limit = draft_depth_limit(root_pos, max_new_tokens - n_out, max_context or (1 << 62))
+        tree = prune_depth(drafter.propose_within(seq[: P + n_out], limit), limit)
         tree_tokens = tree.tokens.tolist()
         kids = tree.children()
         accepted: list[int] = []
@@ -455,6 +460,7 @@ class ReplayEvaluator(PromptSetEvaluator):
                         drafter, self.prompt_tokens[i], g.tokens, max_new_tokens=self.max_new_tokens,
                         eos_token_ids=self.eos_token_ids, num_layers=self.num_layers, skipped_layers=len(skip),
                         prefill_logits=g.prefill_logits, features=g.features,
+                        max_context=self.target.max_context,
                     )
                     stats.append(s)
                     tokens.append(g.tokens)

@@ -8,7 +8,7 @@ from typing import Any
 
 import optuna
 
-from tss_opt.mapping.format import MappingEntry, MappingError, OperatingPoint
+from tss_opt.mapping.format import DEFAULT_SCOPE, MappingEntry, MappingError, OperatingPoint
 from tss_opt.mapping.io import DEFAULT_MAPPING_PATH, write_entry
 from tss_opt.search.algorithm import canonical
 from tss_opt.search.result import SearchResult, TrialRecord, load_result
@@ -41,12 +41,15 @@ def entry_from_result(
     validation: Mapping[str, Any] | None = None,
     verification: str = "exact",
     relaxed: Mapping[str, Any] | None = None,
+    scope: str = DEFAULT_SCOPE,
 ) -> MappingEntry:
     """Build the mapping entry of a finished :class:`~tss_opt.search.SearchResult`.
 
     Args:
         verification: The rule the study measured under (its protocol's label).
         relaxed: That rule's settings (the study metadata's ``relaxed``), for lossy studies.
+        scope: The skip scope the study searched with (its protocol's ``scope``): ``verify``
+            or ``all``; the runtime serves the entry with it.
         validation: A validation outcome (``ValidationOutcome.to_dict()``, the study's
             ``validation`` user attribute). When given, its ``chosen`` set (or dense) is the
             entry's skip set instead of the search's S*, and the entry records the
@@ -120,6 +123,7 @@ def entry_from_result(
         validation=val,
         verification=verification,
         relaxed=dict(relaxed) if relaxed is not None and verification != "exact" else None,
+        scope=scope,
     )
 
 
@@ -176,6 +180,8 @@ def export_mapping(
         validation=attrs.get("validation"),
         verification=str((metadata.get("protocol") or {}).get("verification", "exact")),
         relaxed=metadata.get("relaxed"),  # a search under a lossy rule: its settings (study_identity)
+        # The scope the trials measured under; studies from before it was recorded: verify.
+        scope=str((metadata.get("protocol") or {}).get("scope", DEFAULT_SCOPE)),
     )
     write_entry(path, entry)
     return entry

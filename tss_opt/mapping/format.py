@@ -14,7 +14,9 @@ from typing import Any
 from tss_opt.errors import TSSError
 
 __all__ = [
+    "DEFAULT_SCOPE",
     "FORMAT_VERSION",
+    "SKIP_SCOPES",
     "DomainMapping",
     "MappingEntry",
     "MappingError",
@@ -23,6 +25,13 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+
+# The skip scopes (tss_opt.config.enums.Scope): "verify" = dense prefill, sparse verification
+# (the paper); "all" = sparse in every target forward. Kept as plain strings here so reading a
+# mapping imports no torch.
+SKIP_SCOPES = ("verify", "all")
+# Entries written before the scope was recorded were all searched under the default scope.
+DEFAULT_SCOPE = "verify"
 
 
 class MappingError(TSSError):
@@ -83,6 +92,11 @@ class MappingEntry:
             tss_opt.cli.tune_verification``), ``chosen``, ``skip_set``, ``calibration`` (the
             figures under that rule beside the dense exact run's, with the paired bound) and
             ``candidates``. The entry's own ``accept_length``/``metric`` stay the search's.
+        scope: The skip scope the study searched (and the runtime serves) the entry with:
+            ``verify`` (dense prefill, sparse verification) or ``all`` (sparse in every
+            forward, prefill included: what a checkpoint with the layers deleted computes,
+            ``tss_opt.mapping.checkpoint``). Entries written before the scope was recorded
+            read as ``verify``.
     """
 
     domain: str
@@ -104,6 +118,7 @@ class MappingEntry:
     validation: Mapping[str, Any] | None = None
     verification: str = "exact"
     relaxed: Mapping[str, Any] | None = None
+    scope: str = DEFAULT_SCOPE
 
     @property
     def lossy(self) -> bool:
@@ -140,6 +155,7 @@ class MappingEntry:
             "split": self.split,
             "study": dict(self.study),
             "selection": self.selection,
+            "scope": self.scope,
             "alternatives": [a.to_dict() for a in self.alternatives],
         }
         # Written only when known, so entries of older searches round-trip unchanged.
@@ -329,6 +345,12 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
         raise _err(path, f"{where}.alternatives", f"expected a list, got {alternatives!r}")
     skip = _layers(path, f"{where}.skip_set", data.get("skip_set"), num_layers)
     verification = _text(path, f"{where}.verification", data.get("verification", "exact")) or "exact"
+    scope = data.get("scope", DEFAULT_SCOPE)
+    if scope not in SKIP_SCOPES:
+        raise _err(
+            path, f"{where}.scope",
+            f"expected one of {', '.join(SKIP_SCOPES)} (the skip scope the study searched with), got {scope!r}",
+        )
     extra: dict[str, Mapping[str, Any] | None] = {}
     for key in ("calibration", "validation"):
         value = data.get(key)
@@ -361,6 +383,7 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
         validation=extra["validation"],
         verification=verification,
         relaxed=_relaxed(path, f"{where}.relaxed", data.get("relaxed"), verification),
+        scope=scope,
     )
 
 

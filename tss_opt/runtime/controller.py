@@ -3,7 +3,8 @@
 For every request the controller resolves a domain (the request's label, or the
 :class:`~tss_opt.runtime.router.DomainRouter`'s guess for an unlabeled one), looks the domain's
 S* up in the mapping file and runs the whole request through :class:`SpeculativeEngine` with
-that skip set, which the engine keeps for the request through the target's one skip mechanism
+that skip set and the entry's skip scope (``verify``: dense prefill; ``all``: sparse prefill
+too, as the search measured it), which the engine keeps for the request through the target's one skip mechanism
 (``TargetModel.skip``). Nothing is reloaded or copied between requests: switching domains only
 changes the set the skip context bypasses. The drafter and its proposals are never changed
 (TSS.md, "The mapping and the controller").
@@ -77,6 +78,7 @@ class ControllerResult:
         routed: Whether ``domain`` came from the router rather than the request's label.
         route: The router's decision for an unlabeled request (``None`` when labelled or
             without a router).
+        scope: The skip scope the request ran with (its mapping entry's; ``verify`` when dense).
     """
 
     text: str
@@ -86,6 +88,7 @@ class ControllerResult:
     skip_set: frozenset[int]
     routed: bool
     route: RouteDecision | None = None
+    scope: str = "verify"
 
     @property
     def similarity(self) -> float | None:
@@ -107,8 +110,10 @@ class TSSController:
         router: Detects the domain of unlabeled requests; ``None``: they run dense.
         model_id: The loaded model's id (``LoadedModel.model_id``), compared with the
             mapping's; ``None`` checks the layer count only.
-        scope: Skip scope, ``"verify"`` (the paper: dense prefill, sparse verification) or
-            ``"all"``.
+        scope: ``None`` (default): each domain runs with its mapping entry's skip scope
+            (``MappingEntry.scope``: what its search measured; ``verify`` for entries written
+            before the scope was recorded). ``"verify"`` or ``"all"``: that scope for every
+            domain instead (logged when it differs from an entry's).
         temperature: 0 = greedy (lossless with respect to the sparse target).
         max_new_tokens: Default generation length.
         system_prompts: Per domain, the system message its requests get (the domain config's
@@ -136,14 +141,14 @@ class TSSController:
         router: DomainRouter | None = None,
         *,
         model_id: str | None = None,
-        scope: str = "verify",
+        scope: str | None = None,
         temperature: float = 0.0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         system_prompts: Mapping[str, str | None] | None = None,
         verification: Verifier | str = "exact",
         entry_rules: bool = True,
     ) -> None:
-        if scope not in SCOPES:
+        if scope is not None and scope not in SCOPES:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
         if not isinstance(mapping, DomainMapping):
             mapping = load_mapping(mapping)
@@ -166,6 +171,14 @@ class TSSController:
             log.warning("the mapping %s has no domains: every request runs dense", mapping.path or "")
         # Validated once here rather than per request: a bad entry fails at start-up.
         self._skip_sets = {d: validate_skip(e.skip_set, target.num_layers) for d, e in mapping.entries.items()}
+        # Each entry is served in the scope its search measured (an override is logged).
+        self._scopes = {d: scope or e.scope for d, e in mapping.entries.items()}
+        overridden = sorted(d for d, e in mapping.entries.items() if e.skip_set and self._scopes[d] != e.scope)
+        if overridden:
+            log.warning(
+                "scope=%s overrides the mapping's scope of %s: their outputs differ from what the search measured",
+                scope, ", ".join(overridden),
+            )
         # Each lossy entry is served under the rule it was tuned with (rebuilt once, here).
         self._rules: dict[str, Verifier] = {}
         if entry_rules:
@@ -207,6 +220,11 @@ class TSSController:
                 domain, where, ", ".join(self.domains) or "none",
             )
         return frozenset()
+
+    def scope_for(self, domain: str | None) -> str:
+        """The skip scope a request of ``domain`` runs with: its entry's (``verify`` when the
+        domain has no entry: a dense request is the same in both scopes)."""
+        return self._scopes.get(domain, "verify") if domain is not None else "verify"
 
     def verifier_for(self, domain: str | None) -> Verifier:
         """The acceptance rule a request of ``domain`` is served with: its entry's lossy rule
@@ -302,6 +320,7 @@ class TSSController:
             if (isinstance(prompt, str) or (is_chat(prompt) and not has_system(prompt))) and system_prompt is None and own:  # type: ignore[arg-type]
                 ids = self.prompt_ids(prompt, own)
             skip = self.skip_set_for(resolved)
+            scope = self.scope_for(resolved)
             engine = SpeculativeEngine(
                 self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids,
                 verification=self.verifier_for(resolved),
@@ -310,7 +329,7 @@ class TSSController:
                 ids,
                 max_new_tokens=int(max_new_tokens or self.max_new_tokens),
                 skip=skip,
-                scope=self.scope,  # type: ignore[arg-type]
+                scope=scope,  # type: ignore[arg-type]
                 temperature=self.temperature if temperature is None else float(temperature),
                 seed=seed,
                 on_step=on_step,
@@ -323,6 +342,7 @@ class TSSController:
             skip_set=skip,
             routed=decision is not None and decision.domain is not None,
             route=decision,
+            scope=scope,
         )
 
     # ----------------------------------------------------------------------------- config
@@ -377,7 +397,7 @@ class TSSController:
             rt.eos_token_ids,
             router,
             model_id=rt.loaded.model_id,
-            scope=str(cfg.scope),
+            # No global scope: each entry carries the one its search measured (docs/mapping.md).
             temperature=float(cfg.temperature),
             max_new_tokens=int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
             system_prompts=system_prompts,

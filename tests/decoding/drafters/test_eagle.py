@@ -289,7 +289,10 @@ def test_engine_with_random_head_is_lossless(
         prompt[None], max_new_tokens=24, do_sample=False, eos_token_id=EOS, pad_token_id=EOS
     )[0, prompt.numel() :]
     assert res.tokens.tolist() == want.tolist()
-    assert res.stats.accept_length >= 1.0 and res.stats.draft_proposed == 59 * res.stats.steps
+    # 59 nodes per step, except the last few steps, whose trees lose the levels past the
+    # tokens left to generate (depth 6: at most 6 such steps; tss_opt/decoding/budget.py).
+    s = res.stats
+    assert s.accept_length >= 1.0 and 59 * (s.steps - 6) <= s.draft_proposed < 59 * s.steps
 
 
 @pytest.mark.slow

@@ -68,6 +68,7 @@ class DraftModelDrafter(Drafter):
         self._gen = torch.Generator().manual_seed(seed)
         self._cache: SkipAwareCache | None = None
         self._seen: list[int] = []  # tokens whose keys/values are in self._cache
+        self._max_depth: int | None = None  # the engine's budget for the step being proposed
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._cache = SkipAwareCache(config=self.model.config)
@@ -90,8 +91,19 @@ class DraftModelDrafter(Drafter):
         self._seen.extend(ids)
         return out.logits[0, -1]
 
+    def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:
+        """Draft at most ``max_depth`` tokens: each one costs a draft forward."""
+        self._max_depth = max_depth
+        try:
+            return self.propose(context)
+        finally:
+            self._max_depth = None
+
     @torch.inference_mode()
     def propose(self, context: torch.Tensor) -> DraftTree:
+        num_tokens = self.num_tokens if self._max_depth is None else min(self.num_tokens, self._max_depth)
+        if num_tokens < 1:
+            return DraftTree.empty()
         if self._cache is None:
             self.reset(context)
         ctx = context.tolist()
@@ -109,7 +121,7 @@ class DraftModelDrafter(Drafter):
         conf: list[float] = []
         with self._ctx():
             logits = self._forward(ctx[common:])
-            for k in range(self.num_tokens):
+            for k in range(num_tokens):
                 if self.temperature > 0:
                     q = torch.softmax(logits.float() / self.temperature, dim=-1)
                     tok = int(torch.multinomial(q.cpu(), 1, generator=self._gen))
@@ -121,7 +133,7 @@ class DraftModelDrafter(Drafter):
                     if self.return_probs:  # the draft distribution, for relaxed verification
                         probs.append(torch.softmax(logits.float(), dim=-1))
                 tokens.append(tok)
-                if k + 1 < self.num_tokens:
+                if k + 1 < num_tokens:
                     logits = self._forward([tok])
         return DraftTree.chain(
             tokens,

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from tss_opt.decoding.budget import prune_depth
 from tss_opt.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.decoding.drafters.registry import DrafterConfigError
 from tss_opt.decoding.tree import ROOT, DraftTree
@@ -105,6 +106,7 @@ class TapsDrafter(Drafter):
             )
         self.members: list[tuple[str, Drafter]] = list(members)
         self.needs_prefill_feedback = any(d.needs_prefill_feedback for _, d in members)
+        self._max_depth: int | None = None  # the engine's budget for the step being proposed
         self.gives_confidence = all(d.gives_confidence for _, d in members)
         self.reset_stats()
 
@@ -129,8 +131,18 @@ class TapsDrafter(Drafter):
             if d.needs_prefill_feedback:
                 d.prefill_feedback(prompt_ids, logits, hidden)
 
+    def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:
+        """Each member drafts within the budget before routing or merging, so that the
+        verified tree is the one whose node maps the feedback goes back through."""
+        self._max_depth = max_depth
+        try:
+            return self.propose(context)
+        finally:
+            self._max_depth = None
+
     def _propose_all(self, context: torch.Tensor) -> list[DraftTree]:
-        return [d.propose(context) for _, d in self.members]
+        limit = self._max_depth
+        return [d.propose(context) if limit is None else d.propose_within(context, limit) for _, d in self.members]
 
 
 def mean_confidence(name: str, tree: DraftTree) -> float:
@@ -182,7 +194,7 @@ class RoutedDrafter(TapsDrafter):
         self.steps += 1
         n_acc = len(feedback.accepted)
         self.total_accepted += n_acc
-        if self._chosen is None:
+        if self._chosen is None or len(feedback.tree) == 0:  # nothing verified (or cut to the budget)
             self.empty_steps += 1
         else:
             s = self.stats[self._chosen]
@@ -345,6 +357,14 @@ class MergedDrafter(TapsDrafter):
             for _, d in self.members:
                 d.update(feedback)
             return
+        if len(feedback.tree) != len(merged.tree):
+            # The engine verified the merge cut to its budget (a wrapper's propose_within pruned
+            # it): cut the members alike. Merging keeps first-appearance order, so merging the
+            # cut members gives exactly the cut merge, and the node maps stay right.
+            limit = max(feedback.tree.depth, default=0)
+            trees = [prune_depth(t, limit) for t in trees]
+            merged = merge_trees(trees)
+            assert merged.tree.parents == feedback.tree.parents
         self.steps += 1
         self.total_accepted += len(feedback.accepted)
         if len(merged.tree) == 0:
