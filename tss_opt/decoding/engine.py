@@ -212,8 +212,12 @@ class SpeculativeEngine:
                 logits, hidden = target.prefill(prompt, cache)
                 stats.prefill_layer_forwards = ctr.executed_layers - before
         sampler = PositionalSampler(temperature, seed) if temperature > 0 else None
-        # Speculative sampling of stochastic drafts: its own stream, derived from the seed.
-        generator = torch.Generator().manual_seed(sampler.seed) if sampler is not None else None
+        # Speculative sampling of stochastic drafts: its own stream, derived from the seed, on
+        # the model's device (torch.multinomial and torch.rand need the generator on the device
+        # of the probabilities; on the CPU this is the same stream as before).
+        generator = (
+            torch.Generator(device=target.device).manual_seed(sampler.seed) if sampler is not None else None
+        )
         first = sampler.draw(logits[-1], 0) if sampler is not None else int(logits[-1].argmax())
         if drafter.needs_prefill_feedback:
             drafter.prefill_feedback(prompt, logits, hidden)

@@ -61,11 +61,32 @@ class PositionalSampler:
     def draw_probs(self, probs: torch.Tensor, position: int) -> int:
         """The token at output ``position`` drawn from ``probs`` (``(vocab,)``, float64), with
         the same uniform as :meth:`draw` (relaxed verification draws from a blend with it)."""
+        return self.draw_rows(probs.reshape(1, -1), [position], normalised=True)[0]
+
+    def uniform(self, position: int) -> float:
+        """The uniform in ``[0, 1)`` of output ``position``: a hash of ``(seed, position)``."""
         digest = hashlib.blake2b(f"{self.seed}:{position}".encode(), digest_size=8).digest()
-        u = int.from_bytes(digest, "big") / 2**64
-        cdf = probs.double().cumsum(0)
-        idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
-        return min(idx, cdf.numel() - 1)
+        return int.from_bytes(digest, "big") / 2**64
+
+    def draw_rows(self, rows: torch.Tensor, positions: list[int], normalised: bool = False) -> list[int]:
+        """One draw per row, row ``r`` at output ``positions[r]``, with one host read-back.
+
+        Args:
+            rows: ``(R, vocab)`` logits (``normalised=False``: softmax at the temperature is
+                taken here, in float64) or probabilities (``normalised=True``), on any device.
+            positions: ``R`` output positions.
+
+        Returns:
+            ``R`` token ids; each equals :meth:`draw` of its row at its position (the uniforms
+            come from the host hash and are moved to the rows' device once).
+        """
+        probs = rows.double() if normalised else torch.softmax(rows.double() / self.temperature, dim=-1)
+        cdf = probs.cumsum(-1)  # [R, V]
+        u = torch.tensor([self.uniform(t) for t in positions], dtype=torch.float64).to(cdf.device)
+        # The value searched is u times the row's total mass (float round-off: not exactly 1).
+        idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)  # [R, 1]
+        last = cdf.shape[-1] - 1
+        return [min(int(i), last) for i in idx.reshape(-1).tolist()]
 
 
 def accept_coupled(
@@ -82,11 +103,14 @@ def accept_coupled(
     """
     tokens = tree.tokens.tolist()
     kids = tree.children()
+    # Row ``r`` predicts the token at position + depth(r): every row's draw in one batch and
+    # one read-back (the walk below only looks them up), the same draws as row by row.
+    depth = (0, *(d for d in tree.depth))
+    draws = sampler.draw_rows(logits, [position + d for d in depth])
     accepted: list[int] = []
     row = 0
     while True:
-        # Row ``row`` predicts the token at position + depth; depth = len(accepted).
-        want = sampler.draw(logits[row], position + len(accepted))
+        want = draws[row]
         nxt = next((c for c in kids[row] if tokens[c] == want), None)
         if nxt is None:
             return accepted, [tokens[i] for i in accepted] + [want]
@@ -148,7 +172,7 @@ def accept_sampling(
         else:
             q, qx = None, 1.0
         px = float(p[i, x])
-        u = float(torch.rand((), generator=generator))
+        u = float(torch.rand((), generator=generator, device=p.device))
         if qx > 0 and u < min(1.0, px / qx):  # p >= q at x: always accept
             accepted.append(i)
             continue
