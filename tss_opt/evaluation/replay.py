@@ -392,6 +392,7 @@ class ReplayEvaluator(PromptSetEvaluator):
         show_progress: bool = True,
         reuse_prefill: bool = True,
         batch_size: int | None = None,
+        prefill_store_gib: float | None = None,
     ) -> None:
         if cost != "analytic":
             raise ReplayError(
@@ -414,10 +415,10 @@ class ReplayEvaluator(PromptSetEvaluator):
             target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
             max_new_tokens=max_new_tokens, scope=scope, temperature=0.0, cost=cost,
             eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
-            reuse_prefill=reuse_prefill,
+            reuse_prefill=reuse_prefill, prefill_store_gib=prefill_store_gib,
         )
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
-        self._prefills: dict[tuple[tuple[int, ...], bool], _Prefill] = {}
+        # self._prefills (base class, byte-bounded): (batch, keep_hidden) -> its _Prefill
 
     def _options(self) -> dict[str, Any]:
         return {**super()._options(), "batch_size": self.batch_size}
@@ -472,11 +473,12 @@ class ReplayEvaluator(PromptSetEvaluator):
             return None
         key = (tuple(batch), keep_hidden)
 
+        def compute() -> _Prefill:
+            with self.target.skip(()):
+                return _prefill(self.target, [self.prompt_tokens[i] for i in batch], keep_hidden)
+
         def restore() -> _Prefill:
-            if key not in self._prefills:
-                with self.target.skip(()):
-                    self._prefills[key] = _prefill(self.target, [self.prompt_tokens[i] for i in batch], keep_hidden)
-            p = self._prefills[key]
+            p = self._prefills.get(key, compute)
             return _Prefill(cache=copy.deepcopy(p.cache), logits=p.logits, hidden=p.hidden)
 
         return restore
