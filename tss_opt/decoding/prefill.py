@@ -32,7 +32,6 @@ import torch
 from tss_opt.decoding.cache import SkipAwareCache
 from tss_opt.decoding.target import TargetModel
 
-
 log = logging.getLogger(__name__)
 
 # The default budget, for a 7B model on a 24 GB card with the CPU preset's 16 calibration
