@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from tss_opt.decoding.host_syncs import upload
+
 
 class SkipAwareCache(DynamicCache):
     """A ``DynamicCache`` whose global length is that of its longest layer (a layer that ran)."""
@@ -60,7 +62,7 @@ def keep_accepted(cache: DynamicCache, prefix_len: int, step_len: int, keep: Seq
     idx = None
     if not contiguous and layers:
         # One index per step, built on the cache's device (one upload, not one per layer).
-        idx = torch.tensor([prefix_len + k for k in keep], dtype=torch.long, device=layers[0].keys.device)
+        idx = upload(torch.tensor([prefix_len + k for k in keep], dtype=torch.long), layers[0].keys.device)
     for layer in layers:
         if idx is not None:
             # keys: [B, H_kv, S, D]; gather the accepted path behind the prefix, then crop.

@@ -80,6 +80,7 @@ class _Request:
     generator: torch.Generator | None
     n_out: int = 0
     done: bool = False
+    last: int = -1  # the newest committed token, kept as an int (no tensor read per step)
 
     @property
     def context(self) -> torch.Tensor:
@@ -235,6 +236,7 @@ class SpeculativeEngine:
             generator=generator,
             n_out=1,
             done=first in self.eos,
+            last=first,
         )
 
     def draft(self, req: _Request) -> DraftTree:
@@ -250,7 +252,7 @@ class SpeculativeEngine:
         """
         ctr = self.target.skipper
         before = ctr.executed_layers
-        root = int(req.context[-1])
+        root = req.last
         logits, hidden = self.target.verify_forward(root, tree, req.cache, req.prefix_len)
         req.stats.verify_layer_forwards += ctr.executed_layers - before
         return logits, hidden
@@ -292,11 +294,12 @@ class SpeculativeEngine:
         """Append the committed tokens (truncated at EOS and the budget), count the step and
         let the drafter learn from the verification."""
         P, kept = len(req.prompt), 0
-        root = int(req.context[-1])
+        root = req.last
         for tok in committed:
             if req.n_out >= req.max_new_tokens:
                 break
             req.seq[P + req.n_out] = tok
+            req.last = tok
             req.n_out += 1
             kept += 1
             if tok in self.eos:

@@ -1,4 +1,9 @@
-"""Count the host reads of tensor values (device -> host syncs on a GPU) in a block of code.
+"""Host <-> device traffic of the decode loop: uploads without a stream sync, and a counter
+of the host reads of tensor values (device -> host syncs on a GPU).
+
+:func:`upload` copies a small host tensor (token ids, positions, an index) to the device from
+pinned memory with ``non_blocking=True``: a plain ``.to("cuda")`` of a pageable tensor waits
+for the stream first (a sync per upload).
 
 On a GPU every ``.item()``, ``.tolist()``, ``.cpu()``, ``int(t)``, ``float(t)`` and
 ``bool(t)`` of a device tensor waits for the queued kernels: the decode loop pays one round
@@ -18,6 +23,18 @@ from contextlib import contextmanager
 import torch
 
 METHODS = ("item", "tolist", "cpu", "__int__", "__float__", "__bool__", "__index__")
+
+
+def upload(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` (a host tensor) on ``device``; to a GPU without waiting for the queued kernels.
+
+    Pinned staging plus ``non_blocking=True``: the copy is queued on the stream, and torch's
+    pinned allocator keeps the staging block until the copy has run. On the CPU: ``t`` itself.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import torch
 
 from tss_opt.decoding.cache import SkipAwareCache, crop_to
 from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.tree import DraftTree
 
@@ -110,7 +111,7 @@ class DraftModelDrafter(Drafter):
         confs: list[torch.Tensor] = []  # [1] each: the draft probability of the token
         probs: list[torch.Tensor] = []
         with self._ctx():
-            logits = self._forward(torch.tensor([ctx[common:]], dtype=torch.long, device=self.device))
+            logits = self._forward(upload(torch.tensor([ctx[common:]], dtype=torch.long), self.device))
             for k in range(self.num_tokens):
                 if self.temperature > 0:
                     q = torch.softmax(logits.float() / self.temperature, dim=-1)

@@ -29,6 +29,7 @@ from tss_opt.decoding.drafters.eagle_checkpoint import (
     warn_other_model,
 )
 from tss_opt.decoding.drafters.eagle_head import EagleHead, additive_mask, random_eagle_head
+from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.tree import DraftTree
 
 __all__ = [
@@ -130,7 +131,7 @@ class EagleDrafter(Drafter):
             self._append_features(feedback.hidden[: n + 1])
             return
         rows = torch.tensor([0, *(i + 1 for i in feedback.accepted)], dtype=torch.long)  # root, then the path
-        self._append_features(feedback.hidden[rows.to(feedback.hidden.device, non_blocking=True)])
+        self._append_features(feedback.hidden[upload(rows, feedback.hidden.device)])
 
     @property
     def num_features(self) -> int:
@@ -161,7 +162,7 @@ class EagleDrafter(Drafter):
         start = self._cached_pairs
         if start == n_pairs and self._h_last is not None:  # nothing new since the last draft
             return self._h_last
-        ids = context[start + 1 : n_pairs + 1].to(self.device, non_blocking=True).unsqueeze(0)  # [1, q]
+        ids = upload(context[start + 1 : n_pairs + 1], self.device).unsqueeze(0)  # [1, q]
         feats = self._features[start:n_pairs].unsqueeze(0)  # [1, q, H]
         q = n_pairs - start
         pos = torch.arange(start, n_pairs, device=self.device).unsqueeze(0)
@@ -269,7 +270,7 @@ class EagleDrafter(Drafter):
         node_probs = None
         if probs is not None:  # rows of log-probabilities -> each kept node's distribution
             rows, node_dist = probs
-            index = torch.tensor([node_dist[u] for u in keep], dtype=torch.long).to(rows.device, non_blocking=True)
+            index = upload(torch.tensor([node_dist[u] for u in keep], dtype=torch.long), rows.device)
             node_probs = rows[index].float().exp()  # [n, V]
         tree = DraftTree(
             tokens=torch.tensor([tokens[u] for u in keep], dtype=torch.long),
