@@ -22,7 +22,7 @@ What it runs, on the embedded model (SmolLM2-135M; no hub access is needed):
 
 At the end: the failures, and a clear list of what could not run (and why). Exit status 1
 when a check failed, else 0. Settings (environment): GPU_CHECK_DEVICE (cuda, cuda:N, cpu;
-default cuda when available), GPU_CHECK_TOKENS, GPU_CHECK_PROMPTS, GPU_CHECK_BUDGET_S (stop
+default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3), GPU_CHECK_TOKENS, GPU_CHECK_PROMPTS, GPU_CHECK_BUDGET_S (stop
 starting new work after this many seconds; default 480 on a GPU, 1800 on a CPU), GPU_CHECK_MODEL_PATH,
 GPU_CHECK_MODEL_LAYERS_PATH (default model.layers).
 """
@@ -272,7 +272,11 @@ def main() -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         rep.skip("everything on a GPU", "no GPU on this machine: reduced CPU mode (same code, a handful of tokens)")
 
-    decoding_matrix(rep, device, ["float32", "bfloat16"], tokens, n_prompts)
+    sections = {s.strip() for s in os.environ.get("GPU_CHECK_SECTIONS", "1,2,3").split(",")}
+    if "1" in sections:
+        decoding_matrix(rep, device, ["float32", "bfloat16"], tokens, n_prompts)
+    else:
+        rep.skip("section 1 (decoding matrix)", "not in GPU_CHECK_SECTIONS")
 
     rep.line("")
     rep.line("## 2. Engine vs replay trial (summarization calibration prompts, prompt lookup 10)")
@@ -280,7 +284,9 @@ def main() -> int:
     rep.line("|---|---|---|---:|---:|---:|---:|")
     ev_prompts = 8 if on_gpu else 2
     ev_tokens = 64 if on_gpu else 8
-    for dtype in ("float32", "bfloat16"):
+    if "2" not in sections:
+        rep.skip("section 2 (engine vs replay)", "not in GPU_CHECK_SECTIONS")
+    for dtype in ("float32", "bfloat16") if "2" in sections else ():
         if rep.elapsed() > BUDGET_S:
             rep.skip(f"engine vs replay, embedded {dtype}", f"time budget ({BUDGET_S:.0f} s) spent")
             continue
@@ -294,7 +300,9 @@ def main() -> int:
     rep.line("")
     rep.line("## 3. The largest model that fits")
     path = os.environ.get("GPU_CHECK_MODEL_PATH")
-    if not path:
+    if "3" not in sections:
+        rep.skip("section 3 (a larger model)", "not in GPU_CHECK_SECTIONS")
+    elif not path:
         rep.skip("a larger model", "GPU_CHECK_MODEL_PATH not set (no hub access here: give a local transformers "
                  "checkpoint directory, e.g. Llama-2-7B or -13B)")
     elif not Path(path).is_dir():

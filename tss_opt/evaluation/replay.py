@@ -12,7 +12,7 @@ argmax. The per-prompt accepted length, tokens and metric equal the engine's in 
 as measured, in float32 (tests/evaluation/test_replay.py; docs/results/replay_benchmark.txt:
 8/8 prompts). In half precision batching breaks near-ties often, not rarely: bfloat16 on the
 CPU, embedded model, 16 qa prompts x 32 tokens, batch 8, dense: 10/16 prompts' outputs and
-12/16 accepted lengths equal the engine's (issue 24; ``python benchmarks/replay.py --domain qa
+12/16 accepted lengths equal the engine's (issue 24, docs/results/replay_bf16_cpu.txt; ``python benchmarks/replay.py --domain qa
 --prompts 16 --max-new-tokens 32 --dtypes bfloat16 --batch-sizes 8 --repeats 1``). Use float32
 (or the engine) where per-prompt equality matters; GPU half precision is not measured yet
 (benchmarks/gpu_check.sh).
