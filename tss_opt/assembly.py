@@ -191,6 +191,7 @@ def _evaluator_args(
         eos_token_ids=rt.eos_token_ids,
         system_prompt=domain.config.system_prompt,
         reuse_prefill=bool(cfg.get("reuse_prefill", True)),
+        prefill_store_gib=cfg.get("prefill_store_gib"),
     )
     return rt, [examples, domain.metric], kwargs
 

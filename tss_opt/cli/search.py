@@ -79,6 +79,9 @@ def validate(cfg: DictConfig, result: SearchResult, evaluator: Any, storage: Any
     if not result.best and not [c for c in result.pareto if c]:
         log.info("validation: nothing to validate (S* is dense)")
         return
+    release = getattr(evaluator, "release_prefills", None)
+    if callable(release):  # the calibration prompts' prefills go before validation keeps its own
+        release()
     ev = validation_evaluator(cfg, evaluator)
     if ev is None:
         from tss_opt.assembly import require_domain

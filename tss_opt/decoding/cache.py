@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from tss_opt.decoding.host_syncs import upload
+
 
 class SkipAwareCache(DynamicCache):
     """A ``DynamicCache`` whose global length is that of its longest layer (a layer that ran)."""
@@ -52,15 +54,19 @@ def keep_accepted(cache: DynamicCache, prefix_len: int, step_len: int, keep: Seq
     """
     grown = prefix_len + step_len
     n_keep = len(keep)
+    layers = [
+        layer for layer in cache.layers
+        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] == grown
+    ]
     contiguous = list(keep) == list(range(n_keep))
-    idx = None if contiguous else torch.as_tensor([prefix_len + k for k in keep], dtype=torch.long)
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", False) or layer.keys.shape[-2] != grown:
-            continue
+    idx = None
+    if not contiguous and layers:
+        # One index per step, built on the cache's device (one upload, not one per layer).
+        idx = upload(torch.tensor([prefix_len + k for k in keep], dtype=torch.long), layers[0].keys.device)
+    for layer in layers:
         if idx is not None:
-            idx_dev = idx.to(layer.keys.device)
             # keys: [B, H_kv, S, D]; gather the accepted path behind the prefix, then crop.
-            layer.keys[..., prefix_len : prefix_len + n_keep, :] = layer.keys.index_select(-2, idx_dev)
-            layer.values[..., prefix_len : prefix_len + n_keep, :] = layer.values.index_select(-2, idx_dev)
+            layer.keys[..., prefix_len : prefix_len + n_keep, :] = layer.keys.index_select(-2, idx)
+            layer.values[..., prefix_len : prefix_len + n_keep, :] = layer.values.index_select(-2, idx)
         layer.keys = layer.keys[..., : prefix_len + n_keep, :]
         layer.values = layer.values[..., : prefix_len + n_keep, :]

@@ -84,6 +84,7 @@ class _Request:
     generator: torch.Generator | None
     n_out: int = 0
     done: bool = False
+    last: int = -1  # the newest committed token, kept as an int (no tensor read per step)
 
     @property
     def context(self) -> torch.Tensor:
@@ -226,8 +227,12 @@ class SpeculativeEngine:
                 logits, hidden = target.prefill(prompt, cache)
                 stats.prefill_layer_forwards = ctr.executed_layers - before
         sampler = PositionalSampler(temperature, seed) if temperature > 0 else None
-        # Speculative sampling of stochastic drafts: its own stream, derived from the seed.
-        generator = torch.Generator().manual_seed(sampler.seed) if sampler is not None else None
+        # Speculative sampling of stochastic drafts: its own stream, derived from the seed, on
+        # the model's device (torch.multinomial and torch.rand need the generator on the device
+        # of the probabilities; on the CPU this is the same stream as before).
+        generator = (
+            torch.Generator(device=target.device).manual_seed(sampler.seed) if sampler is not None else None
+        )
         first = sampler.draw(logits[-1], 0) if sampler is not None else int(logits[-1].argmax())
         if drafter.needs_prefill_feedback:
             drafter.prefill_feedback(prompt, logits, hidden)
@@ -245,6 +250,7 @@ class SpeculativeEngine:
             generator=generator,
             n_out=1,
             done=first in self.eos,
+            last=first,
         )
 
     def draft(self, req: _Request) -> DraftTree:
@@ -264,7 +270,7 @@ class SpeculativeEngine:
         """
         ctr = self.target.skipper
         before = ctr.executed_layers
-        root = int(req.context[-1])
+        root = req.last
         logits, hidden = self.target.verify_forward(root, tree, req.cache, req.prefix_len)
         req.stats.verify_layer_forwards += ctr.executed_layers - before
         return logits, hidden
@@ -306,11 +312,12 @@ class SpeculativeEngine:
         """Append the committed tokens (truncated at EOS and the budget), count the step and
         let the drafter learn from the verification."""
         P, kept = len(req.prompt), 0
-        root = int(req.context[-1])
+        root = req.last
         for tok in committed:
             if req.n_out >= req.max_new_tokens:
                 break
             req.seq[P + req.n_out] = tok
+            req.last = tok
             req.n_out += 1
             kept += 1
             if tok in self.eos:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.errors import TSSError
@@ -86,12 +87,14 @@ class TargetModel:
             is the root, row ``i + 1`` is node ``i``.
         """
         n1 = len(tree) + 1
-        ids = torch.empty(1, n1, dtype=torch.long, device=self.device)
-        ids[0, 0] = root_token
+        # ids and positions built on the host, uploaded together without a stream sync.
+        host = torch.empty(2, n1, dtype=torch.long)
+        host[0, 0] = root_token
         if n1 > 1:
-            ids[0, 1:] = tree.tokens.to(self.device)
-        depth = torch.tensor((0, *tree.depth), dtype=torch.long, device=self.device)
-        pos = (prefix_len + depth).unsqueeze(0)  # [1, n+1]
+            host[0, 1:] = tree.tokens
+        host[1] = prefix_len + torch.tensor((0, *tree.depth), dtype=torch.long)
+        both = upload(host, self.device)
+        ids, pos = both[0:1], both[1:2]  # [1, n+1] each
         mask = self.tree_mask(tree, prefix_len)
         out = self.decoder(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
         hidden = out.last_hidden_state[0]  # [n+1, H]
@@ -101,7 +104,7 @@ class TargetModel:
         """Additive mask of shape ``(1, 1, n + 1, prefix_len + n + 1)``: 0 where a slot may
         attend, the dtype's minimum elsewhere (a bool or 0/1 mask is silently wrong under
         "eager" attention, FACTS.md)."""
-        allowed = tree.ancestor_matrix().to(self.device)  # [n+1, n+1]
+        allowed = upload(tree.ancestor_matrix(), self.device)  # [n+1, n+1]
         n1 = allowed.shape[0]
         mask = torch.zeros(1, 1, n1, prefix_len + n1, dtype=self.dtype, device=self.device)
         mask[0, 0, :, prefix_len:].masked_fill_(~allowed, torch.finfo(self.dtype).min)

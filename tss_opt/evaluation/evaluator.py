@@ -20,7 +20,7 @@ import torch
 
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.engine import SpeculativeEngine
-from tss_opt.decoding.prefill import DensePrefill, dense_prefill
+from tss_opt.decoding.prefill import DensePrefill, PrefillStore, dense_prefill
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.verify.relaxed import Verifier
@@ -167,6 +167,8 @@ class PromptSetEvaluator(ABC):
         show_progress: log progress per prompt (or batch).
         reuse_prefill: keep dense prefills and start every evaluation from them
             (``verify`` scope).
+        prefill_store_gib: the byte budget of the kept prefills, in GiB (least recently used
+            evicted; ``None`` = ``decoding.prefill.DEFAULT_PREFILL_STORE_GIB``).
     """
 
     def __init__(
@@ -186,6 +188,7 @@ class PromptSetEvaluator(ABC):
         system_prompt: str | None,
         show_progress: bool,
         reuse_prefill: bool,
+        prefill_store_gib: float | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
@@ -203,6 +206,9 @@ class PromptSetEvaluator(ABC):
         self.metric_name = metric.name
         self.metric_higher_is_better = metric.higher_is_better
         self.reuse_prefill = reuse_prefill
+        self.prefill_store_gib = prefill_store_gib
+        # Kept dense prefills under a byte budget (decoding/prefill.py); the subclass's keys.
+        self._prefills: PrefillStore[Any, Any] = PrefillStore.from_gib(prefill_store_gib)
         self.system_prompt = system_prompt
         # Tokenise once: every trial runs the same prompts.
         self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
@@ -219,7 +225,12 @@ class PromptSetEvaluator(ABC):
             "system_prompt": self.system_prompt,
             "show_progress": self.show_progress,
             "reuse_prefill": self.reuse_prefill,
+            "prefill_store_gib": self.prefill_store_gib,
         }
+
+    def release_prefills(self) -> None:
+        """Drop the kept prefills (before validation runs its own prompts: one store at a time)."""
+        self._prefills.clear()
 
     def on_examples(self, examples: Sequence[Example]) -> Self:
         """The same model, drafter, metric and protocol on other prompts (the validation split
@@ -306,6 +317,7 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         show_progress: bool = True,
         reuse_prefill: bool = True,
         verification: Verifier | str = "exact",
+        prefill_store_gib: float | None = None,
     ) -> None:
         if cost not in COSTS:
             raise ValueError(f"cost={cost!r} is not a cost; expected one of {', '.join(COSTS)}")
@@ -316,9 +328,9 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
             target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
             max_new_tokens=max_new_tokens, scope=scope, temperature=temperature, cost=cost,
             eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
-            reuse_prefill=reuse_prefill,
+            reuse_prefill=reuse_prefill, prefill_store_gib=prefill_store_gib,
         )
-        self._prefills: dict[int, DensePrefill] = {}  # prompt index -> its dense prefill
+        # self._prefills (base class): prompt index -> its dense prefill
         # (skip, next index, drafter) of the last call whose prompts were 0, 1, ..., k - 1:
         # a call for the same skip set starting at k continues with that drafter, so chunked
         # evaluation equals one full call even for drafters that learn across prompts.
@@ -386,9 +398,7 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         """Prompt ``i``'s dense prefill, computed on first use (``verify`` scope only)."""
         if not self.reuse_prefill or self.scope != "verify":
             return None
-        if i not in self._prefills:
-            self._prefills[i] = dense_prefill(self.target, self.prompt_tokens[i])
-        return self._prefills[i]
+        return self._prefills.get(i, lambda: dense_prefill(self.target, self.prompt_tokens[i]))
 
 
 def aggregate(

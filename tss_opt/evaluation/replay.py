@@ -8,8 +8,14 @@ target's greedy outputs, computed for many prompts at once (:func:`batched_greed
 padding, explicit positions and additive 4-D masks), and a replay of the drafter over each
 output (:func:`replay_stats`) that walks every proposed tree along the output, exactly as
 :func:`~tss_opt.decoding.verify.accept.accept_greedy` walks it along the target's
-argmax. The per-prompt accepted length, tokens and metric equal the engine's (up to
-floating-point near-ties that batching may break differently; tests/evaluation/test_replay.py).
+argmax. The per-prompt accepted length, tokens and metric equal the engine's in float64 and,
+as measured, in float32 (tests/evaluation/test_replay.py; docs/results/replay_benchmark.txt:
+8/8 prompts). In half precision batching breaks near-ties often, not rarely: bfloat16 on the
+CPU, embedded model, 16 qa prompts x 32 tokens, batch 8, dense: 10/16 prompts' outputs and
+12/16 accepted lengths equal the engine's (issue 24, docs/results/replay_bf16_cpu.txt; ``python benchmarks/replay.py --domain qa
+--prompts 16 --max-new-tokens 32 --dtypes bfloat16 --batch-sizes 8 --repeats 1``). Use float32
+(or the engine) where per-prompt equality matters; GPU half precision is not measured yet
+(benchmarks/gpu_check.sh).
 
 :class:`ReplayEvaluator` follows the evaluator contract of
 :class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator` (``per_prompt``, ``num_prompts``,
@@ -397,6 +403,7 @@ class ReplayEvaluator(PromptSetEvaluator):
         show_progress: bool = True,
         reuse_prefill: bool = True,
         batch_size: int | None = None,
+        prefill_store_gib: float | None = None,
     ) -> None:
         if cost != "analytic":
             raise ReplayError(
@@ -419,10 +426,10 @@ class ReplayEvaluator(PromptSetEvaluator):
             target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
             max_new_tokens=max_new_tokens, scope=scope, temperature=0.0, cost=cost,
             eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
-            reuse_prefill=reuse_prefill,
+            reuse_prefill=reuse_prefill, prefill_store_gib=prefill_store_gib,
         )
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
-        self._prefills: dict[tuple[tuple[int, ...], bool], _Prefill] = {}
+        # self._prefills (base class, byte-bounded): (batch, keep_hidden) -> its _Prefill
 
     def _options(self) -> dict[str, Any]:
         return {**super()._options(), "batch_size": self.batch_size}
@@ -478,11 +485,12 @@ class ReplayEvaluator(PromptSetEvaluator):
             return None
         key = (tuple(batch), keep_hidden)
 
+        def compute() -> _Prefill:
+            with self.target.skip(()):
+                return _prefill(self.target, [self.prompt_tokens[i] for i in batch], keep_hidden)
+
         def restore() -> _Prefill:
-            if key not in self._prefills:
-                with self.target.skip(()):
-                    self._prefills[key] = _prefill(self.target, [self.prompt_tokens[i] for i in batch], keep_hidden)
-            p = self._prefills[key]
+            p = self._prefills.get(key, compute)
             return _Prefill(cache=copy.deepcopy(p.cache), logits=p.logits, hidden=p.hidden)
 
         return restore

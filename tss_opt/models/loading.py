@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 SOURCES = ("hf", "gguf_package", "tiny")
+# Attention implementations the engine serves exactly: verification sends an explicit 4-D
+# additive tree mask (decoding/target.py), which these two apply as given. flash_attention_2
+# (and flex/paged kernels) read a 4-D mask as padding or reject it: wrong attention or a
+# device assert, silently (issue 24), so they are refused at load.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 class ModelLoadError(TSSError):
@@ -50,6 +55,11 @@ def as_model_config(cfg: ModelConfig | DictConfig | dict) -> ModelConfig:
         raise ModelLoadError(f"model.source={out.source!r} is not supported; expected one of {', '.join(SOURCES)}")
     if out.dtype not in DTYPES:
         raise ModelLoadError(f"model.dtype={out.dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+    if out.attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ModelLoadError(
+            f"model.attn_implementation={out.attn_implementation!r} cannot verify draft trees exactly (the engine "
+            f"sends 4-D tree masks); supported: {', '.join(ATTN_IMPLEMENTATIONS)}. Set model.attn_implementation=sdpa"
+        )
     return out
 
 
@@ -81,7 +91,9 @@ def load_model(cfg: ModelConfig | DictConfig | dict) -> LoadedModel:
     else:
         model, tokenizer = _load_hf(mc, dtype)
     model_id = model_id_for(mc)
-    model = model.to(mc.device).eval()
+    if mc.source == "tiny":  # built in code on the host; checkpoints load on mc.device directly
+        model = model.to(mc.device)
+    model = model.eval()
     if mc.num_layers and int(model.config.num_hidden_layers) != mc.num_layers:
         raise ModelLoadError(
             f"model {mc.name!r} has {model.config.num_hidden_layers} decoder layers but its config says "
@@ -99,6 +111,12 @@ def _looks_local(path: str) -> bool:
     return p.startswith(("/", "./", "../", "~", ".\\")) or p.count("/") > 1 or Path(p).expanduser().exists()
 
 
+def from_pretrained_kwargs(mc: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """What ``from_pretrained`` gets: weights go straight to ``mc.device`` (``device_map``),
+    never whole into host RAM first and then moved (26 GB per worker for a 13B model)."""
+    return {"dtype": dtype, "attn_implementation": mc.attn_implementation, "device_map": mc.device}
+
+
 def _load_hf(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,7 +131,7 @@ def _load_hf(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(mc.path, trust_remote_code=mc.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            mc.path, dtype=dtype, attn_implementation=mc.attn_implementation, trust_remote_code=mc.trust_remote_code
+            mc.path, trust_remote_code=mc.trust_remote_code, **from_pretrained_kwargs(mc, dtype)
         )
     except OSError as e:
         raise ModelLoadError(
@@ -148,7 +166,7 @@ def _load_gguf_package(mc: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     if not (cache / "model.safetensors").is_file():
         _convert_gguf(src_dir, mc.gguf_file, cache)
     tokenizer = AutoTokenizer.from_pretrained(cache)
-    model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation=mc.attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(cache, **from_pretrained_kwargs(mc, dtype))
     return model, tokenizer
 
 

@@ -15,6 +15,7 @@ import torch
 
 from tss_opt.decoding.cache import SkipAwareCache, crop_to
 from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.tree import DraftTree
 
@@ -65,7 +66,8 @@ class DraftModelDrafter(Drafter):
         self.device = next(model.parameters()).device
         self.seed = seed
         self.return_probs = return_probs
-        self._gen = torch.Generator().manual_seed(seed)
+        # On the model's device: multinomial draws where q is (no copy of q to the host).
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._cache: SkipAwareCache | None = None
         self._seen: list[int] = []  # tokens whose keys/values are in self._cache
         self._max_depth: int | None = None  # the engine's budget for the step being proposed
@@ -81,14 +83,13 @@ class DraftModelDrafter(Drafter):
         return self._skipper.apply(self.skip) if self._skipper is not None else nullcontext()
 
     @torch.inference_mode()
-    def _forward(self, ids: list[int]) -> torch.Tensor:
-        """Append ``ids`` to the draft cache; return ``(vocab,)`` logits after the last one."""
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Append the tokens ``x`` (``torch.LongTensor`` of shape ``(1, q)`` on the model's
+        device) to the draft cache; return ``(vocab,)`` logits after the last one."""
         assert self._cache is not None
-        start = len(self._seen)
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        start = self._cache.get_seq_length()
+        pos = torch.arange(start, start + x.shape[1], device=self.device).unsqueeze(0)
         out = self.model(input_ids=x, position_ids=pos, cache=self._cache, use_cache=True, logits_to_keep=1)
-        self._seen.extend(ids)
         return out.logits[0, -1]
 
     def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:
@@ -116,29 +117,35 @@ class DraftModelDrafter(Drafter):
         common = min(common, len(ctx) - 1)  # always re-feed at least the last token
         crop_to(self._cache, common)
         del self._seen[common:]
-        tokens: list[int] = []
+        # Drafted tokens stay on the device and feed the next forward there; tokens and
+        # confidences come back to the host once per step, not per token (issue 24).
+        toks: list[torch.Tensor] = []  # [1] each, on the device
+        confs: list[torch.Tensor] = []  # [1] each: the draft probability of the token
         probs: list[torch.Tensor] = []
-        conf: list[float] = []
         with self._ctx():
-            logits = self._forward(ctx[common:])
+            logits = self._forward(upload(torch.tensor([ctx[common:]], dtype=torch.long), self.device))
             for k in range(num_tokens):
                 if self.temperature > 0:
                     q = torch.softmax(logits.float() / self.temperature, dim=-1)
-                    tok = int(torch.multinomial(q.cpu(), 1, generator=self._gen))
+                    tok = torch.multinomial(q, 1, generator=self._gen)
                     probs.append(q)
-                    conf.append(float(q[tok]))
                 else:
-                    tok = int(logits.argmax())
-                    conf.append(float(torch.softmax(logits.float(), dim=-1)[tok]))
+                    q = torch.softmax(logits.float(), dim=-1)
+                    tok = logits.argmax().reshape(1)
                     if self.return_probs:  # the draft distribution, for relaxed verification
-                        probs.append(torch.softmax(logits.float(), dim=-1))
-                tokens.append(tok)
+                        probs.append(q)
+                toks.append(tok)
+                confs.append(q.gather(0, tok))
                 if k + 1 < num_tokens:
-                    logits = self._forward([tok])
+                    logits = self._forward(tok.view(1, 1))
+        tok_list, conf_list = torch.stack([torch.cat(toks).double(), torch.cat(confs).double()]).tolist()
+        tokens = [int(t) for t in tok_list]
+        self._seen.extend(ctx[common:])
+        self._seen.extend(tokens[:-1])  # the last drafted token was not fed
         return DraftTree.chain(
             tokens,
             probs=torch.stack(probs) if probs else None,
-            confidence=torch.tensor(conf, dtype=torch.float32),
+            confidence=torch.tensor(conf_list, dtype=torch.float32),
             sampled=self.temperature > 0,
         )
 

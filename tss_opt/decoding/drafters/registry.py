@@ -145,7 +145,9 @@ def build_draft_model(
     seed: int = 0,
     return_probs: bool = False,
 ) -> Drafter:
-    """A separate small causal LM with the target's vocabulary; ``model`` is a model config."""
+    """A separate small causal LM with the target's vocabulary; ``model`` is a model config.
+
+    Its ``device`` and ``dtype`` are the target's, whatever the config says."""
     from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
     from tss_opt.models import load_model
 
@@ -154,6 +156,10 @@ def build_draft_model(
             "drafter 'draft_model' needs drafter.model: a model config mapping (like conf/model/*.yaml)"
         )
     plain = _to_plain(model)
+    # The draft model runs beside the target: on its device, in its dtype (issue 24: loaded
+    # with its own defaults it ran on the CPU, or on cuda:0 for every launched worker).
+    plain["device"] = str(target.device)
+    plain["dtype"] = loaded.config.dtype
     draft = _cached_weights(f"draft_model:{json.dumps(plain, sort_keys=True, default=str)}", lambda: load_model(plain))
     d_vocab = int(draft.model.get_input_embeddings().weight.shape[0])
     t_vocab = int(target.model.get_input_embeddings().weight.shape[0])

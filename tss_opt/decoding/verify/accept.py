@@ -25,6 +25,7 @@ import hashlib
 
 import torch
 
+from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.tree import DraftTree
 
 
@@ -61,11 +62,32 @@ class PositionalSampler:
     def draw_probs(self, probs: torch.Tensor, position: int) -> int:
         """The token at output ``position`` drawn from ``probs`` (``(vocab,)``, float64), with
         the same uniform as :meth:`draw` (relaxed verification draws from a blend with it)."""
+        return self.draw_rows(probs.reshape(1, -1), [position], normalised=True)[0]
+
+    def uniform(self, position: int) -> float:
+        """The uniform in ``[0, 1)`` of output ``position``: a hash of ``(seed, position)``."""
         digest = hashlib.blake2b(f"{self.seed}:{position}".encode(), digest_size=8).digest()
-        u = int.from_bytes(digest, "big") / 2**64
-        cdf = probs.double().cumsum(0)
-        idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
-        return min(idx, cdf.numel() - 1)
+        return int.from_bytes(digest, "big") / 2**64
+
+    def draw_rows(self, rows: torch.Tensor, positions: list[int], normalised: bool = False) -> list[int]:
+        """One draw per row, row ``r`` at output ``positions[r]``, with one host read-back.
+
+        Args:
+            rows: ``(R, vocab)`` logits (``normalised=False``: softmax at the temperature is
+                taken here, in float64) or probabilities (``normalised=True``), on any device.
+            positions: ``R`` output positions.
+
+        Returns:
+            ``R`` token ids; each equals :meth:`draw` of its row at its position (the uniforms
+            come from the host hash and are moved to the rows' device once).
+        """
+        probs = rows.double() if normalised else torch.softmax(rows.double() / self.temperature, dim=-1)
+        cdf = probs.cumsum(-1)  # [R, V]
+        u = upload(torch.tensor([self.uniform(t) for t in positions], dtype=torch.float64), cdf.device)
+        # The value searched is u times the row's total mass (float round-off: not exactly 1).
+        idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)  # [R, 1]
+        last = cdf.shape[-1] - 1
+        return [min(int(i), last) for i in idx.reshape(-1).tolist()]
 
 
 def accept_coupled(
@@ -82,11 +104,14 @@ def accept_coupled(
     """
     tokens = tree.tokens.tolist()
     kids = tree.children()
+    # Row ``r`` predicts the token at position + depth(r): every row's draw in one batch and
+    # one read-back (the walk below only looks them up), the same draws as row by row.
+    depth = (0, *(d for d in tree.depth))
+    draws = sampler.draw_rows(logits, [position + d for d in depth])
     accepted: list[int] = []
     row = 0
     while True:
-        # Row ``row`` predicts the token at position + depth; depth = len(accepted).
-        want = sampler.draw(logits[row], position + len(accepted))
+        want = draws[row]
         nxt = next((c for c in kids[row] if tokens[c] == want), None)
         if nxt is None:
             return accepted, [tokens[i] for i in accepted] + [want]
@@ -140,27 +165,40 @@ def accept_sampling(
         )
     p = torch.softmax(logits.float() / temperature, dim=-1)  # [n+1, V]
     tokens = tree.tokens.tolist()
-    accepted: list[int] = []
-    for i, x in enumerate(tokens):
-        if tree.probs is not None:
-            q = tree.probs[i].float().to(p.device)
-            qx = float(q[x])
-        else:
-            q, qx = None, 1.0
-        px = float(p[i, x])
-        u = float(torch.rand((), generator=generator))
-        if qx > 0 and u < min(1.0, px / qx):  # p >= q at x: always accept
-            accepted.append(i)
-            continue
-        residual = p[i].clone()
-        if q is None:
-            residual[x] = 0.0  # max(p - onehot(x), 0)
-        else:
-            residual = (residual - q).clamp_min_(0.0)
-        total = float(residual.sum())
-        if total <= 0:  # p == q: rejection has probability 0; guard float round-off
-            residual = p[i]
-        bonus = int(torch.multinomial(residual, 1, generator=generator))
-        return accepted, [tokens[j] for j in accepted] + [bonus]
-    bonus = int(torch.multinomial(p[len(tokens)], 1, generator=generator))
-    return accepted, tokens + [bonus]
+    n, dev = len(tokens), p.device
+    if n == 0:
+        return [], [int(torch.multinomial(p[0], 1, generator=generator))]
+    # Every node's test in one batch and one read-back (issue 24: three host reads per node
+    # before), with the same uniforms in the same stream order as one node at a time: the
+    # uniforms of all n nodes are drawn, the first rejection is found, then the generator is
+    # rewound and advanced by exactly the draws the sequential rule makes before its
+    # multinomial (so seeded outputs are unchanged).
+    x = upload(tree.tokens, dev)[:, None]  # [n, 1]
+    px = p[:n].gather(1, x)[:, 0].double()  # [n]
+    if tree.probs is not None:
+        q_all = tree.probs.float().to(dev)  # [n, V]
+        qx = q_all.gather(1, x)[:, 0].double()
+    else:
+        q_all, qx = None, torch.ones(n, dtype=torch.float64, device=dev)
+    state = generator.get_state() if generator is not None else None
+    u = torch.stack([torch.rand((), generator=generator, device=dev) for _ in range(n)]).double()
+    # p >= q at x: always accept (the ratio is clamped at 1)
+    keep = ((qx > 0) & (u < (px / qx).clamp(max=1.0))).tolist()
+    j = keep.index(False) if False in keep else n  # the first rejected node
+    if generator is not None and state is not None:  # (the default generator is not rewound)
+        generator.set_state(state)
+        for _ in range(min(j + 1, n)):
+            torch.rand((), generator=generator, device=dev)
+    accepted = list(range(j))
+    if j == n:
+        bonus = int(torch.multinomial(p[n], 1, generator=generator))
+        return accepted, tokens + [bonus]
+    residual = p[j].clone()
+    if q_all is None:
+        residual[tokens[j]] = 0.0  # max(p - onehot(x), 0)
+    else:
+        residual = (residual - q_all[j]).clamp_min_(0.0)
+    # p == q: rejection has probability 0; guard float round-off (no host read: a device where)
+    residual = torch.where(residual.sum() > 0, residual, p[j])
+    bonus = int(torch.multinomial(residual, 1, generator=generator))
+    return accepted, [tokens[i] for i in accepted] + [bonus]

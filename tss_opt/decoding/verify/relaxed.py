@@ -254,7 +254,7 @@ class Verifier:
         for i, x in enumerate(tokens):
             q = tree.probs[i].float().to(p.device)
             qx, px = float(q[x]), float(p[i, x])
-            u = float(torch.rand((), generator=generator))
+            u = float(torch.rand((), generator=generator, device=p.device))
             if qx > 0 and u < min(1.0, px / qx):  # exact speculative sampling keeps x
                 accepted.append(i)
                 continue
