@@ -147,7 +147,7 @@ def test_a_draft_model_pays_no_forward_past_the_budget(tiny, prompt):
     calls = []
     drafter = DraftModelDrafter(tiny.model, num_tokens=10)
     real = drafter._forward
-    drafter._forward = lambda ids: calls.append(len(ids)) or real(ids)
+    drafter._forward = lambda ids: calls.append(int(ids.shape[-1])) or real(ids)
     SpeculativeEngine(TargetModel(tiny.model), drafter).generate(prompt, max_new_tokens=3)
     # The prefill commits 1 token, so the one step may draft 3 - 1 - 1 = 1 token: the prompt's
     # forward gives it; accepted plus the bonus makes 3, done. Uncapped: 1 + 9 forwards.
