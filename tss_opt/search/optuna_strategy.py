@@ -39,6 +39,7 @@ from tss_opt.search.sampler import BreadthFirstSampler
 from tss_opt.search.strategies import check_budget, feasibility_rule
 from tss_opt.search.strategy_result import build_strategy_result
 from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name
+from tss_opt.storage.optuna_adapter import study_storage, trial_id
 
 __all__ = ["PROPOSALS_PER_EVALUATION", "make_sampler", "run_optuna_strategy", "stored_results"]
 
@@ -190,7 +191,9 @@ class _Run:
             m, extras = measurement_from(self.evaluator(config), config)
         except BaseException as e:
             try:
-                trial.storage.set_trial_system_attr(trial._trial_id, FAIL_REASON_KEY, repr(e)[:500])
+                study_storage(self.study).set_trial_system_attr(
+                    trial_id(trial), FAIL_REASON_KEY, repr(e)[:500]
+                )
             except Exception:  # noqa: BLE001 - never mask the evaluator's own error
                 pass
             raise
@@ -207,14 +210,14 @@ class _Run:
         trial.set_user_attr("feasible", feasible)
         self.progress.trial(trial.number, config, m, feasible)
         self.results[config] = m
-        self.complete[config] = self.study._storage.get_trial(trial._trial_id)
+        self.complete[config] = study_storage(self.study).get_trial(trial_id(trial))
         return (m.accept_length, m.metric, m.cost)
 
     def _constraints(self, trial: optuna.Trial, rule: Thresholds, m: Measurement) -> bool:
         constraints = list(rule.constraints(m))
         trial.set_constraint("accept_length", constraints[0])
         trial.set_constraint(self.info.metric_name, constraints[1])
-        trial.storage.set_trial_system_attr(trial._trial_id, "constraints", constraints)
+        study_storage(self.study).set_trial_system_attr(trial_id(trial), "constraints", constraints)
         return rule.satisfied(m)
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:

@@ -41,6 +41,7 @@ from tss_opt.search.algorithm import Config, Measurement, SearchPlan, canonical,
 from tss_opt.search.feasibility import PerPrompt
 from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name, study_lock_key
 from tss_opt.storage import study_lock
+from tss_opt.storage.optuna_adapter import study_storage
 
 __all__ = ["MAX_CRASH_RETRIES", "BreadthFirstSampler", "StoredState"]
 
@@ -113,7 +114,7 @@ class BreadthFirstSampler(BaseSampler):
 
     def state(self, study: optuna.Study) -> StoredState:
         """Rebuild the search state from the study's trials (one storage read)."""
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+        trials = study.get_trials(deepcopy=False)
         return self.state_from_trials(trials)
 
     def state_from_trials(self, trials: Sequence[FrozenTrial]) -> StoredState:
@@ -196,7 +197,8 @@ class BreadthFirstSampler(BaseSampler):
         state = self.state(study)
         if not state.missing:
             return state
-        with study_lock(study._storage, study_lock_key(study.study_name), blocking=wait) as locked:
+        lock = study_lock(study_storage(study), study_lock_key(study.study_name), blocking=wait)
+        with lock as locked:
             if not locked:
                 return state
             state = self.state(study)

@@ -29,6 +29,7 @@ from tss_opt.search.identity import (
     study_name_for,
 )
 from tss_opt.storage import storage_url, study_lock
+from tss_opt.storage.optuna_adapter import study_id
 
 __all__ = [
     "FAIL_REASON_KEY",
@@ -101,7 +102,7 @@ def create_or_load_study(
         )
         attrs = study.user_attrs
         if "search_settings" not in attrs:
-            if study._storage.get_all_trials(study._study_id, deepcopy=False):
+            if study.get_trials(deepcopy=False):
                 raise StudyMismatchError(
                     f"Study '{study_name}' in {storage_url(storage)} already has trials but was "
                     "not created by tss_opt.search; choose another study_name."
@@ -115,7 +116,7 @@ def create_or_load_study(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)  # set_metric_names
                 study.set_metric_names(["accept_length", info.metric_name, "cost"])
-            study._storage.set_study_system_attr(study._study_id, FORMAT_KEY, FORMAT_VERSION)
+            storage.set_study_system_attr(study_id(study), FORMAT_KEY, FORMAT_VERSION)
             return study
         check_directions(study, directions, study_name, storage)
         check_same_search(study, study_name, storage, info, settings, meta)

@@ -26,6 +26,7 @@ from tss_opt.search.progress import Progress
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
 from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name
 from tss_opt.storage import fail_stale, record_heartbeat
+from tss_opt.storage.optuna_adapter import open_trial, study_storage, trial_id
 
 __all__ = ["QueueEmpty", "QueueStudy", "RetryStaleSkipSetCallback", "Worker"]
 
@@ -55,27 +56,25 @@ class QueueStudy(optuna.Study):
         # Same as Study.ask (and its _pop_waiting_trial_id), minus the fallback to a new
         # trial. Reading the queue through the study's cached storage also registers the
         # trials there, which Trial.suggest_* needs.
-        self._thread_local.cached_all_trials = None
-        waiting = self._storage.get_all_trials(
-            self._study_id, deepcopy=False, states=(TrialState.WAITING,)
-        )
+        storage = study_storage(self)
+        waiting = self.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         # Workers try the oldest queued trials in different orders, so they rarely collide.
-        candidates = [t._trial_id for t in waiting[:32]]
+        candidates = [trial_id(t) for t in waiting[:32]]
         random.shuffle(candidates)
-        for trial_id in candidates:
+        for tid in candidates:
             try:
                 # Sets RUNNING only if still WAITING: atomic on PostgreSQL/MySQL (row lock)
                 # and on SQLite with BEGIN IMMEDIATE.
-                taken = self._storage.set_trial_state_values(trial_id, TrialState.RUNNING)
+                taken = storage.set_trial_state_values(tid, TrialState.RUNNING)
             except UpdateFinishedTrialError:
                 continue
             if not taken:
                 continue
-            self.taken_trial_id = trial_id
+            self.taken_trial_id = tid
             # Heartbeat at once, not only when Study.optimize starts its heartbeat thread, so a
             # worker killed in between still leaves a trial that goes stale.
-            record_heartbeat(self._storage, trial_id)
-            return optuna.Trial(self, trial_id)
+            record_heartbeat(storage, tid)
+            return open_trial(self, tid)
         raise QueueEmpty
 
 
@@ -181,10 +180,10 @@ class Worker:
 
     def _taken_over(self) -> FrozenTrial | None:
         """This worker's last trial if another worker failed it as stale, else ``None``."""
-        trial_id = self.study.taken_trial_id
-        if trial_id is None:
+        tid = self.study.taken_trial_id
+        if tid is None:
             return None
-        trial = self.study._storage.get_trial(trial_id)
+        trial = study_storage(self.study).get_trial(tid)
         # A trial this worker failed itself carries FAIL_REASON_KEY (see _objective).
         if trial.state == TrialState.FAIL and FAIL_REASON_KEY not in trial.system_attrs:
             return trial
@@ -195,7 +194,7 @@ class Worker:
         trial_id = self.study.taken_trial_id
         if trial_id is None:
             return
-        storage = self.study._storage
+        storage = study_storage(self.study)
         try:
             trial = storage.get_trial(trial_id)
             if trial.state == TrialState.RUNNING:
@@ -220,13 +219,15 @@ class Worker:
             # re-queued without using up the crash retry, wherever in the trial it happened
             # (evaluator, parameters, attributes); then let Optuna fail the trial and re-raise.
             try:
-                trial.storage.set_trial_system_attr(trial._trial_id, FAIL_REASON_KEY, repr(e)[:500])
+                study_storage(self.study).set_trial_system_attr(
+                    trial_id(trial), FAIL_REASON_KEY, repr(e)[:500]
+                )
             except Exception:  # noqa: BLE001 - never mask the original error
                 pass
             raise
 
     def _evaluate(self, trial: optuna.Trial) -> tuple[float, float, float]:
-        config = config_of(self.study._storage.get_trial(trial._trial_id))
+        config = config_of(study_storage(self.study).get_trial(trial_id(trial)))
         if config is None:
             raise RuntimeError(
                 f"Trial #{trial.number} carries no skip set; it was not queued by tss_opt"
@@ -266,7 +267,7 @@ class Worker:
         # writes): point rule [(A0 - eps_A) - A, (M0 - eps_M) - M]; paired rule [-delta_A -
         # lower_A, -delta_M - lower_M(, lower_R - max_repetition_increase)]; feasible when all
         # <= 0.
-        trial.storage.set_trial_system_attr(trial._trial_id, "constraints", constraints)
+        study_storage(self.study).set_trial_system_attr(trial_id(trial), "constraints", constraints)
         self.progress.trial(trial.number, config, m, feasible)
         if ev.early_stopped:
             logger.log(
