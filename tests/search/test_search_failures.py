@@ -120,7 +120,7 @@ def test_interrupt_while_taking_a_trial_is_not_a_crash(
     tmp_path: Path, study_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C between RUNNING and the first heartbeat: the trial is failed as interrupted."""
-    import tss_opt.search.worker as worker
+    import tss_opt.search.lifecycle as lifecycle
     from tss_opt.search import run_search
     from tss_opt.search.study import FAIL_REASON_KEY
 
@@ -130,7 +130,7 @@ def test_interrupt_while_taking_a_trial_is_not_a_crash(
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(worker, "record_heartbeat", record_heartbeat)
+        m.setattr(lifecycle, "record_heartbeat", record_heartbeat)
         with pytest.raises(KeyboardInterrupt):
             run_search(Landscape(L, SEED), storage=url, study_name=study_name,
                        show_progress=False, **SETTINGS)  # fmt: skip

@@ -33,12 +33,14 @@ from optuna.trial import FrozenTrial, TrialState
 from tss_opt.config.search import OPTUNA_MODES, SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, Thresholds, canonical
 from tss_opt.search.contract import Evaluator, EvaluatorInfo, measurement_from
+from tss_opt.search.interrupts import InterruptGuard
+from tss_opt.search.lifecycle import TrialLife
 from tss_opt.search.progress import Progress
 from tss_opt.search.result import SearchResult
 from tss_opt.search.sampler import BreadthFirstSampler
 from tss_opt.search.strategies import check_budget, feasibility_rule
 from tss_opt.search.strategy_result import build_strategy_result
-from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name
+from tss_opt.search.study import config_of, param_name
 from tss_opt.storage.optuna_adapter import study_storage, trial_id
 
 __all__ = ["PROPOSALS_PER_EVALUATION", "make_sampler", "run_optuna_strategy", "stored_results"]
@@ -132,8 +134,10 @@ class _Run:
         evaluator: Evaluator,
         info: EvaluatorInfo,
         progress: Progress,
+        guard: InterruptGuard,
     ) -> None:
         self.study = study
+        self.guard = guard
         self.settings = settings
         self.evaluator = evaluator
         self.info = info
@@ -142,7 +146,6 @@ class _Run:
         self.allowed = settings.allowed_layers(self.L)
         self.results, self.complete = stored_results(study.get_trials(deepcopy=False))
         self.proposals = 0
-        self.stop_reason = ""
         self.rule: Thresholds | None = None
         if frozenset() in self.results and self.results[frozenset()] is not None:
             self.rule = self._rule(self.results[frozenset()])  # type: ignore[arg-type]
@@ -187,16 +190,8 @@ class _Run:
         trial.set_user_attr("level", level)
         trial.set_user_attr("num_skipped", level)
         trial.set_user_attr("sparsity", level / self.L)
-        try:
+        with self.guard.interruptible():
             m, extras = measurement_from(self.evaluator(config), config)
-        except BaseException as e:
-            try:
-                study_storage(self.study).set_trial_system_attr(
-                    trial_id(trial), FAIL_REASON_KEY, repr(e)[:500]
-                )
-            except Exception:  # noqa: BLE001 - never mask the evaluator's own error
-                pass
-            raise
         if not config:
             self.rule = self._rule(m)
         assert self.rule is not None, "the dense baseline runs first"
@@ -220,12 +215,6 @@ class _Run:
         study_storage(self.study).set_trial_system_attr(trial_id(trial), "constraints", constraints)
         return rule.satisfied(m)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        reason = self.should_stop()
-        if reason:
-            self.stop_reason = reason
-            study.stop()
-
 
 def run_optuna_strategy(
     storage: BaseStorage,
@@ -236,8 +225,12 @@ def run_optuna_strategy(
     progress: Progress,
     *,
     n_workers_hint: int | None = None,
+    guard: InterruptGuard | None = None,
 ) -> SearchResult:
     """Run (or resume) a ``tpe`` / ``nsga2`` / ``gp`` search in this process.
+
+    Trials run through :class:`~tss_opt.search.lifecycle.TrialLife`, as the queued
+    strategies' do (interrupts, stalls, fail reasons).
 
     Raises:
         ValueError: ``n_workers_hint > 1``, no ``max_trials``, or a budget below 2.
@@ -256,24 +249,17 @@ def run_optuna_strategy(
     fixed = {param_name(i) for i in range(info.num_layers) if i not in allowed}
     sampler = _Barriers(base, fixed) if fixed else base
     study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
-    run = _Run(study, settings, evaluator, info, progress)
+    guard = guard or InterruptGuard()
+    run = _Run(study, settings, evaluator, info, progress, guard)
+    life = TrialLife(study, guard)
     if frozenset() not in run.results:
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if not waiting:
             study.enqueue_trial({param_name(i): False for i in range(info.num_layers)})
-    reason = run.should_stop()
-    if not reason:
-        cap = PROPOSALS_PER_EVALUATION * settings.max_trials
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            study.optimize(
-                run.objective,
-                n_trials=max(1, cap - run.proposals),
-                catch=(),
-                gc_after_trial=False,
-                callbacks=[run.after_trial],
-            )
-        reason = run.stop_reason or run.should_stop() or f"{cap} proposals made"
+    with guard.held(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        while not (reason := run.should_stop()):
+            life.run(life.ask(), run.objective)
     return build_strategy_result(
         run.results,
         run.complete,

@@ -8,12 +8,14 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
 from tss_opt.config.search import BFS_MODES, OPTUNA_MODES, SearchSettings
 from tss_opt.errors import TSSError
 from tss_opt.search.contract import Evaluator, describe_evaluator
+from tss_opt.search.interrupts import InterruptGuard
 from tss_opt.search.note import save_search_note
 from tss_opt.search.optuna_strategy import run_optuna_strategy
 from tss_opt.search.progress import Progress
@@ -22,7 +24,7 @@ from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
 from tss_opt.search.strategies import QUEUED_MODES, StrategySampler, check_budget
 from tss_opt.search.strategy_result import build_strategy_result
 from tss_opt.search.study import create_or_load_study
-from tss_opt.search.worker import QueueStudy, RetryStaleSkipSetCallback, Worker
+from tss_opt.search.worker import RetryStaleSkipSetCallback, Worker
 from tss_opt.storage import (
     make_sqlite_safe,
     open_storage,
@@ -110,7 +112,8 @@ def run_search(
         )
     if not isinstance(study_name, str) or not study_name:
         raise ValueError(f"study_name={study_name!r} must be a non-empty string.")
-    with _storage_for(storage, settings, n_workers_hint) as store:
+    guard = InterruptGuard()
+    with guard.held(), _storage_for(storage, settings, n_workers_hint) as store:
         create_or_load_study(store, study_name, info, settings, metadata)
         progress = Progress(info.metric_name, show=show_progress)
         if settings.mode in OPTUNA_MODES:
@@ -120,7 +123,7 @@ def run_search(
             )
             result = run_optuna_strategy(
                 store, study_name, settings, evaluator, info, progress,
-                n_workers_hint=n_workers_hint,
+                n_workers_hint=n_workers_hint, guard=guard,
             )
             _finish(store, study_name, result, progress)
             return result
@@ -132,7 +135,7 @@ def run_search(
             sampler = StrategySampler(
                 settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
             )
-        study = QueueStudy(study_name=study_name, storage=store, sampler=sampler)
+        study = optuna.load_study(study_name=study_name, storage=store, sampler=sampler)
         logger.log(
             progress.level,
             "worker joins study '%s' (%s mode, L=%d%s)",
@@ -141,7 +144,7 @@ def run_search(
             info.num_layers,
             f", {n_workers_hint} workers expected" if n_workers_hint else "",
         )
-        state = Worker(study, evaluator, info, progress).run()
+        state = Worker(study, evaluator, info, progress, guard).run()
         if state.plan.baseline is None:
             raise SearchError(
                 f"Study '{study_name}': the dense baseline (empty skip set) could not be "
@@ -189,8 +192,6 @@ def _settings(settings: SearchSettings | None, values: Mapping[str, Any]) -> Sea
 
 
 def _finish(store: BaseStorage, study_name: str, result: SearchResult, progress: Progress) -> None:
-    import optuna
-
     optuna.load_study(study_name=study_name, storage=store).set_user_attr("result", result.summary())
     if result.baseline == {}:
         raise SearchError(f"Study '{study_name}': the dense baseline could not be evaluated.")
