@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from collections.abc import Callable, Sequence
 
 import optuna
@@ -99,7 +100,11 @@ class TrialLife:
         """A new trial from the study's sampler (``Study.ask``: the queue first)."""
         self.guard.check()
         fail_stale(self.study)
-        trial = self.study.ask()
+        with warnings.catch_warnings():
+            # "Heartbeat of storage is supposed to be used with Study.optimize": this class
+            # runs the heartbeat thread itself.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+            trial = self.study.ask()
         return self._started(trial_id(trial), trial)
 
     def _started(self, tid: int, trial: optuna.Trial | None) -> optuna.Trial:

@@ -37,8 +37,9 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tss_opt.config.search import SearchSettings
-from tss_opt.search.algorithm import Config, Measurement, SearchPlan, canonical, plan_search
+from tss_opt.search.algorithm import Config, Measurement, SearchPlan, canonical
 from tss_opt.search.feasibility import PerPrompt
+from tss_opt.search.registry import QUEUED_MODES, check_budget, plan_strategy, strategy_for
 from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name, study_lock_key
 from tss_opt.storage import study_lock
 from tss_opt.storage.optuna_adapter import study_storage
@@ -105,6 +106,13 @@ class BreadthFirstSampler(BaseSampler):
         max_crash_retries: int = MAX_CRASH_RETRIES,
     ) -> None:
         settings.validate(num_layers)
+        if not strategy_for(settings.mode).queued:
+            raise ValueError(
+                f"mode={settings.mode!r} is not a queued strategy; expected one of: "
+                f"{', '.join(QUEUED_MODES)} (the others run through "
+                "tss_opt.search.optuna_strategy)."
+            )
+        check_budget(settings, num_layers)
         self.settings = settings
         self.num_layers = num_layers
         self.metric_higher_is_better = metric_higher_is_better
@@ -152,9 +160,9 @@ class BreadthFirstSampler(BaseSampler):
         return StoredState(plan, results, complete, dict(pending), dict(failed), missing)
 
     def plan(self, results: dict[Config, Measurement | None]) -> SearchPlan:
-        """The search state implied by ``results``: Algorithm 1 (subclasses plan other
-        strategies, see :class:`tss_opt.search.strategies.StrategySampler`)."""
-        return plan_search(
+        """The search state implied by ``results``: the plan of ``settings.mode``'s strategy
+        (Algorithm 1 for ``exhaustive`` / ``beam``; :mod:`tss_opt.search.registry`)."""
+        return plan_strategy(
             self.settings,
             self.num_layers,
             results,

@@ -24,6 +24,7 @@ from tss_opt.search.lifecycle import TrialLife
 from tss_opt.search.progress import Progress
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
 from tss_opt.search.study import config_of, param_name
+from tss_opt.search.trial_attrs import record_evaluation
 from tss_opt.storage import fail_stale
 from tss_opt.storage.optuna_adapter import study_storage, trial_id
 
@@ -155,32 +156,12 @@ class Worker:
         m, extras = ev.measurement, ev.extras
         self._check_prompt_count(config, ev)
         verdict = self._rule(config, m).verdict(m)
-        constraints = list(verdict.constraints)
         feasible = verdict.feasible
-        assert feasible == all(c <= 0.0 for c in constraints) or ev.early_stopped
-        for key, value in extras.items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("feasible", feasible)
-        if m.per_prompt is not None:
-            # Compact per-prompt record (4 decimals): feasibility is recomputed from it.
-            trial.set_user_attr("per_prompt", m.per_prompt.to_dict())
-        if ev.prompts_used is not None:
-            trial.set_user_attr("prompts_used", ev.prompts_used)
-            trial.set_user_attr("early_stopped", ev.early_stopped)
-        if not feasible:
-            trial.set_user_attr("infeasible_reason", verdict.reason)
-        if verdict.bounds:
-            trial.set_user_attr(
-                "paired_bounds", {k: b.to_dict() for k, b in verdict.bounds.items()}
-            )
-        # Optuna's constraint API (read by study.best_trials)...
-        for name, value in zip(verdict.constraint_names, constraints, strict=True):
-            trial.set_constraint(self.info.metric_name if name == "metric" else name, value)
-        # ...and the legacy list that optuna-dashboard 0.21 reads (the one constraints_func
-        # writes): point rule [(A0 - eps_A) - A, (M0 - eps_M) - M]; paired rule [-delta_A -
-        # lower_A, -delta_M - lower_M(, lower_R - max_repetition_increase)]; feasible when all
-        # <= 0.
-        study_storage(self.study).set_trial_system_attr(trial_id(trial), "constraints", constraints)
+        assert feasible == all(c <= 0.0 for c in verdict.constraints) or ev.early_stopped
+        record_evaluation(
+            self.study, trial, m, extras, verdict, metric_name=self.info.metric_name,
+            prompts_used=ev.prompts_used, early_stopped=ev.early_stopped,
+        )  # fmt: skip
         self.progress.trial(trial.number, config, m, feasible)
         if ev.early_stopped:
             logger.log(
