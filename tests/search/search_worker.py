@@ -38,6 +38,18 @@ def arm_fault(spec: str) -> None:
 
     sig, method, when, match = spec.split(":")
     what, _, skip = match.partition("@")
+    if method == "evaluator":  # inside the evaluator of skip set MATCH, every run
+        from search_landscape import Landscape
+
+        call = Landscape.__call__
+
+        def evaluate(self: Landscape, config: frozenset[int]) -> dict[str, Any]:
+            if sorted(config) == [int(x) for x in match.split(",") if x]:
+                os.kill(os.getpid(), SIGNALS[sig])
+            return call(self, config)
+
+        Landscape.__call__ = evaluate  # type: ignore[method-assign]
+        return
     original = getattr(RDBStorage, method)
     fired = False
 

@@ -80,7 +80,7 @@ INSTANTS = {
     "create-study": ("sigint:set_study_user_attr:after:num_layers", 1),
     "take-before": ("sigint:set_trial_state_values:before:RUNNING@2", 2),
     "take-after": ("sigint:set_trial_state_values:after:RUNNING@2", 2),
-    "evaluate": ("sigint:set_trial_param:before:skip_0@2", 2),
+    "evaluate": ("sigint:evaluator:before:2", 2),
     "attributes": ("sigint:set_trial_user_attr:before:feasible@2", 1),
     "tell-before": ("sigint:set_trial_state_values:before:COMPLETE@2", 1),
     "tell-after": ("sigint:set_trial_state_values:after:COMPLETE@2", 1),
