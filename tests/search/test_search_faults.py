@@ -136,19 +136,25 @@ def test_stall_while_telling(tmp_path: Path, study_name: str, kind: str) -> None
         f = open(tmp_path / f"{name}.stderr", "w")
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=f)
 
+    # The other worker starts once the first has stopped itself telling {2}, so {2} is
+    # surely the first's; it fails {2} as stale after the grace period and re-runs it.
     stalled = spawn("worker0", "--fault", "sigstop:set_trial_state_values:before:COMPLETE@2")
-    other = spawn("worker1")
+    other = None
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while not _stopped(stalled.pid):
             assert stalled.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(6)  # past the grace period: the other worker fails {2} and re-runs it
+        other = spawn("worker1")
+        while not any(t.state == TrialState.FAIL for t in
+                      optuna.load_study(study_name=study_name, storage=url).get_trials()):  # fmt: skip
+            assert other.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
         os.kill(stalled.pid, signal.SIGCONT)
         assert stalled.wait(120) == 0 and other.wait(120) == 0
     finally:
         for p in (stalled, other):
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 os.kill(p.pid, signal.SIGCONT)
                 p.kill()
     err = (tmp_path / "worker0.stderr").read_text()
