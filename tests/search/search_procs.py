@@ -66,3 +66,19 @@ def evaluations(workdir: Path) -> tuple[Counter, Counter]:
         for what, skip in read_log(f):
             (started if what == "start" else done)[skip] += 1
     return started, done
+
+
+def run_one(
+    storage: str, study: str, workdir: Path, name: str, *extra: str, timeout: float = 180
+) -> tuple[int, str]:
+    """Run one worker to its end; its exit code and stderr (files ``<name>.*`` in workdir)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")])
+    cmd = [
+        sys.executable, str(HERE / "search_worker.py"), "--storage", storage, "--study", study,
+        "--log", str(workdir / f"{name}.log"), "--out", str(workdir / f"{name}.json"), *extra,
+    ]  # fmt: skip
+    err = workdir / f"{name}.stderr"
+    with open(err, "w") as f:
+        code = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=f, timeout=timeout).returncode
+    return code, err.read_text()

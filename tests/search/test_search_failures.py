@@ -15,6 +15,8 @@ from search_landscape import Landscape, read_log
 from search_procs import evaluations, outputs, spawn_workers, stderr_of, wait_all
 from search_reference import reference_search
 
+from tss_opt.storage.optuna_adapter import study_storage, trial_id
+
 L, SEED = 8, 0
 
 
@@ -78,7 +80,7 @@ def _interrupt_when_writing(monkeypatch: pytest.MonkeyPatch, victim: frozenset[i
     original = optuna.Trial.set_user_attr
 
     def set_user_attr(self: optuna.Trial, key: str, value: object) -> None:
-        skip = self.study._storage.get_trial(self._trial_id).user_attrs.get("skip_set")
+        skip = study_storage(self.study).get_trial(trial_id(self)).user_attrs.get("skip_set")
         if key == "feasible" and frozenset(skip or ()) == victim:
             raise KeyboardInterrupt
         original(self, key, value)
@@ -118,7 +120,7 @@ def test_interrupt_while_taking_a_trial_is_not_a_crash(
     tmp_path: Path, study_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C between RUNNING and the first heartbeat: the trial is failed as interrupted."""
-    import tss_opt.search.worker as worker
+    import tss_opt.search.lifecycle as lifecycle
     from tss_opt.search import run_search
     from tss_opt.search.study import FAIL_REASON_KEY
 
@@ -128,7 +130,7 @@ def test_interrupt_while_taking_a_trial_is_not_a_crash(
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(worker, "record_heartbeat", record_heartbeat)
+        m.setattr(lifecycle, "record_heartbeat", record_heartbeat)
         with pytest.raises(KeyboardInterrupt):
             run_search(Landscape(L, SEED), storage=url, study_name=study_name,
                        show_progress=False, **SETTINGS)  # fmt: skip
@@ -149,7 +151,7 @@ def test_running_trial_without_heartbeat_goes_stale(storage_url: str, study_name
     storage = open_storage(storage_url, heartbeat_interval=1, grace_period=2)
     study = optuna.load_study(study_name=study_name, storage=storage)
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    orphan = waiting[0]._trial_id
+    orphan = trial_id(waiting[0])
     # What a worker SIGKILLed right after taking the trial leaves: RUNNING, no heartbeat.
     assert storage.set_trial_state_values(orphan, TrialState.RUNNING)
     fail_stale(study)
@@ -183,8 +185,8 @@ def test_given_up_configuration_is_reported(
     crashes = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         if t.user_attrs["skip_set"] == [2]:
-            assert study._storage.set_trial_state_values(t._trial_id, TrialState.RUNNING)
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            assert study_storage(study).set_trial_state_values(trial_id(t), TrialState.RUNNING)
+            study_storage(study).set_trial_state_values(trial_id(t), TrialState.FAIL)
             crashes += 1
     for _ in range(2 - crashes):
         study.add_trial(

@@ -11,7 +11,8 @@ import optuna
 from tss_opt.mapping.format import DEFAULT_SCOPE, MappingEntry, MappingError, OperatingPoint
 from tss_opt.mapping.io import DEFAULT_MAPPING_PATH, write_entry
 from tss_opt.search.algorithm import canonical
-from tss_opt.search.result import SearchResult, TrialRecord, load_result
+from tss_opt.search.result import SearchResult, TrialRecord
+from tss_opt.search.stored import load_result
 from tss_opt.storage import open_storage, storage_url
 
 __all__ = ["entry_from_result", "export_mapping"]

@@ -21,9 +21,10 @@ from tss_opt.search.algorithm import Measurement, Thresholds, plan_search
 from tss_opt.search.contract import Evaluator, EvaluatorError
 from tss_opt.search.feasibility import FEASIBILITIES, PairedFeasibility, PerPrompt
 from tss_opt.search.identity import StudyMismatchError, settings_hash, study_name_for
-from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord, load_result
+from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord
 from tss_opt.search.run import SearchError, run_search
 from tss_opt.search.sampler import BreadthFirstSampler
+from tss_opt.search.stored import load_result
 from tss_opt.search.validation import ValidationOutcome, store_validation, validate_candidates
 from tss_opt.search.worker import RetryStaleSkipSetCallback
 

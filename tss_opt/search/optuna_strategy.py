@@ -1,7 +1,7 @@
 """Optuna's own samplers (``tpe``, ``nsga2``, ``gp``) on the TSS study space.
 
 The space is the breadth-first search's: ``skip_<i>`` in ``{False, True}`` for every layer
-(``CategoricalDistribution``); barrier layers are held at ``False`` by :class:`_Barriers`. The
+(``CategoricalDistribution``); barrier layers are held at ``False`` (:func:`~tss_opt.search.optuna_samplers.with_barriers`). The
 first trial is the dense baseline (enqueued), which fixes the feasibility rule; every trial
 then stores the same user attributes and constraints as a breadth-first trial, and the
 sampler reads the constraints the objective sets (``Trial.set_constraint``).
@@ -26,84 +26,30 @@ from collections.abc import Sequence
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
-from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from tss_opt.config.search import OPTUNA_MODES, SearchSettings
-from tss_opt.search.algorithm import Config, Measurement, Thresholds, canonical
+from tss_opt.config.search import SearchSettings
+from tss_opt.search.algorithm import Config, Feasibility, Measurement, canonical
 from tss_opt.search.contract import Evaluator, EvaluatorInfo, measurement_from
+from tss_opt.search.interrupts import InterruptGuard
+from tss_opt.search.lifecycle import TrialLife
+from tss_opt.search.optuna_samplers import with_barriers
 from tss_opt.search.progress import Progress
+from tss_opt.search.registry import strategy_for
 from tss_opt.search.result import SearchResult
 from tss_opt.search.sampler import BreadthFirstSampler
-from tss_opt.search.strategies import check_budget, feasibility_rule
+from tss_opt.search.strategies import feasibility_rule
 from tss_opt.search.strategy_result import build_strategy_result
-from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name
+from tss_opt.search.study import config_of, param_name
+from tss_opt.search.trial_attrs import record_constraints, record_evaluation
+from tss_opt.storage.optuna_adapter import study_storage, trial_id
 
-__all__ = ["PROPOSALS_PER_EVALUATION", "make_sampler", "run_optuna_strategy", "stored_results"]
+__all__ = ["PROPOSALS_PER_EVALUATION", "run_optuna_strategy", "stored_results"]
 
 logger = logging.getLogger("tss_opt.search")
 
 PROPOSALS_PER_EVALUATION = 5
-
-
-def make_sampler(mode: str, seed: int, max_trials: int) -> BaseSampler:
-    """Optuna's sampler for ``mode``.
-
-    The samplers see the search's constraints through ``Trial.set_constraint`` (what the
-    objective writes; Optuna 5 reads them and deprecates ``constraints_func``).
-
-    Startup (random) trials: Optuna's defaults capped at a quarter of the budget, so small
-    budgets still reach the model-based phase; NSGA-II's population likewise.
-    """
-    startup = max(1, min(10, max_trials // 4))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        if mode == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
-        if mode == "nsga2":
-            return optuna.samplers.NSGAIISampler(
-                seed=seed, population_size=max(4, min(50, max_trials // 4))
-            )
-        if mode == "gp":
-            try:
-                import scipy  # noqa: F401
-                import torch  # noqa: F401
-            except ImportError as e:  # GPSampler needs both
-                raise ValueError(
-                    f"mode='gp' needs scipy and torch ({e}); install them or pick tpe / nsga2."
-                ) from e
-            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
-    raise ValueError(f"Unknown Optuna strategy {mode!r}; expected one of: {', '.join(OPTUNA_MODES)}.")
-
-
-class _Barriers(BaseSampler):
-    """Delegates to ``base`` but holds the barrier layers' ``skip_<i>`` at ``False``."""
-
-    def __init__(self, base: BaseSampler, fixed: set[str]) -> None:
-        self.base = base
-        self.fixed = fixed
-
-    def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
-        space = self.base.infer_relative_search_space(study, trial)
-        return {k: v for k, v in space.items() if k not in self.fixed}
-
-    def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
-        return self.base.sample_relative(study, trial, search_space)
-
-    def sample_independent(self, study, trial, param_name, param_distribution):  # type: ignore[no-untyped-def]
-        if param_name in self.fixed:
-            return False
-        return self.base.sample_independent(study, trial, param_name, param_distribution)
-
-    def before_trial(self, study, trial):  # type: ignore[no-untyped-def]
-        self.base.before_trial(study, trial)
-
-    def after_trial(self, study, trial, state, values):  # type: ignore[no-untyped-def]
-        self.base.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self.base.reseed_rng()
 
 
 def stored_results(
@@ -131,8 +77,10 @@ class _Run:
         evaluator: Evaluator,
         info: EvaluatorInfo,
         progress: Progress,
+        guard: InterruptGuard,
     ) -> None:
         self.study = study
+        self.guard = guard
         self.settings = settings
         self.evaluator = evaluator
         self.info = info
@@ -141,12 +89,11 @@ class _Run:
         self.allowed = settings.allowed_layers(self.L)
         self.results, self.complete = stored_results(study.get_trials(deepcopy=False))
         self.proposals = 0
-        self.stop_reason = ""
-        self.rule: Thresholds | None = None
+        self.rule: Feasibility | None = None
         if frozenset() in self.results and self.results[frozenset()] is not None:
             self.rule = self._rule(self.results[frozenset()])  # type: ignore[arg-type]
 
-    def _rule(self, baseline: Measurement) -> Thresholds:
+    def _rule(self, baseline: Measurement) -> Feasibility:
         return feasibility_rule(
             baseline, self.settings, metric_higher_is_better=self.info.metric_higher_is_better
         )
@@ -179,49 +126,27 @@ class _Run:
             m = self.results[config]
             assert m is not None and self.rule is not None
             trial.set_user_attr("duplicate_of", self.complete[config].number)
-            self._constraints(trial, self.rule, m)
+            record_constraints(self.study, trial, self.rule.verdict(m), self.info.metric_name)
             return (m.accept_length, m.metric, m.cost)
         level = len(config)
         trial.set_user_attr("skip_set", list(canonical(config)))
         trial.set_user_attr("level", level)
         trial.set_user_attr("num_skipped", level)
         trial.set_user_attr("sparsity", level / self.L)
-        try:
+        with self.guard.interruptible():
             m, extras = measurement_from(self.evaluator(config), config)
-        except BaseException as e:
-            try:
-                trial.storage.set_trial_system_attr(trial._trial_id, FAIL_REASON_KEY, repr(e)[:500])
-            except Exception:  # noqa: BLE001 - never mask the evaluator's own error
-                pass
-            raise
         if not config:
             self.rule = self._rule(m)
         assert self.rule is not None, "the dense baseline runs first"
-        for key, value in extras.items():
-            trial.set_user_attr(key, value)
-        if m.per_prompt is not None:
-            # As a breadth-first trial stores it: a resumed search rebuilds the same (paired)
-            # rule from the stored dense trial, and the same number of constraints per trial.
-            trial.set_user_attr("per_prompt", m.per_prompt.to_dict())
-        feasible = self._constraints(trial, self.rule, m)
-        trial.set_user_attr("feasible", feasible)
-        self.progress.trial(trial.number, config, m, feasible)
+        # As a breadth-first trial records it (a resumed search rebuilds the same paired rule
+        # from the stored dense trial's per_prompt).
+        verdict = self.rule.verdict(m)
+        record_evaluation(self.study, trial, m, extras, verdict, metric_name=self.info.metric_name)
+        self.progress.trial(trial.number, config, m, verdict.feasible)
         self.results[config] = m
-        self.complete[config] = self.study._storage.get_trial(trial._trial_id)
+        self.complete[config] = study_storage(self.study).get_trial(trial_id(trial))
         return (m.accept_length, m.metric, m.cost)
 
-    def _constraints(self, trial: optuna.Trial, rule: Thresholds, m: Measurement) -> bool:
-        constraints = list(rule.constraints(m))
-        trial.set_constraint("accept_length", constraints[0])
-        trial.set_constraint(self.info.metric_name, constraints[1])
-        trial.storage.set_trial_system_attr(trial._trial_id, "constraints", constraints)
-        return rule.satisfied(m)
-
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        reason = self.should_stop()
-        if reason:
-            self.stop_reason = reason
-            study.stop()
 
 
 def run_optuna_strategy(
@@ -233,44 +158,34 @@ def run_optuna_strategy(
     progress: Progress,
     *,
     n_workers_hint: int | None = None,
+    guard: InterruptGuard | None = None,
 ) -> SearchResult:
     """Run (or resume) a ``tpe`` / ``nsga2`` / ``gp`` search in this process.
 
-    Raises:
-        ValueError: ``n_workers_hint > 1``, no ``max_trials``, or a budget below 2.
+    Trials run through :class:`~tss_opt.search.lifecycle.TrialLife`, as the queued
+    strategies' do (interrupts, stalls, fail reasons).
+
+    :func:`~tss_opt.search.run_search` has checked the budget and the worker count.
     """
-    if n_workers_hint is not None and n_workers_hint > 1:
-        raise ValueError(
-            f"mode={settings.mode!r} runs in one process (its sampler's duplicate check and "
-            f"budget are counted there); got n_workers_hint={n_workers_hint}. Run one worker, "
-            "or use a queued strategy (exhaustive, beam, sleb, gm_skip, random, accept_only, "
-            "metric_only) for several."
-        )
-    check_budget(settings, info.num_layers)
     assert settings.max_trials is not None
-    base = make_sampler(settings.mode, settings.seed, settings.max_trials)
+    factory = strategy_for(settings.mode).sampler
+    assert factory is not None, f"mode={settings.mode!r} runs through the queue"
+    base = factory(settings.mode, settings.seed, settings.max_trials)
     allowed = set(settings.allowed_layers(info.num_layers))
     fixed = {param_name(i) for i in range(info.num_layers) if i not in allowed}
-    sampler = _Barriers(base, fixed) if fixed else base
+    sampler = with_barriers(base, fixed)
     study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
-    run = _Run(study, settings, evaluator, info, progress)
+    guard = guard or InterruptGuard()
+    run = _Run(study, settings, evaluator, info, progress, guard)
+    life = TrialLife(study, guard)
     if frozenset() not in run.results:
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if not waiting:
             study.enqueue_trial({param_name(i): False for i in range(info.num_layers)})
-    reason = run.should_stop()
-    if not reason:
-        cap = PROPOSALS_PER_EVALUATION * settings.max_trials
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            study.optimize(
-                run.objective,
-                n_trials=max(1, cap - run.proposals),
-                catch=(),
-                gc_after_trial=False,
-                callbacks=[run.after_trial],
-            )
-        reason = run.stop_reason or run.should_stop() or f"{cap} proposals made"
+    with guard.held(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        while not (reason := run.should_stop()):
+            life.run(life.ask(), run.objective)
     return build_strategy_result(
         run.results,
         run.complete,

@@ -1,4 +1,6 @@
-"""``SearchResult``: what a finished (or inspected) search gives back, built from the storage."""
+"""``SearchResult``: what a finished (or inspected) search gives back, and how Algorithm 1's is built
+from its stored state (:func:`build_result`; rivals: :mod:`tss_opt.search.strategy_result`;
+from a stored study: :func:`tss_opt.search.stored.load_result`)."""
 
 from __future__ import annotations
 
@@ -6,16 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import optuna
 from optuna.trial import FrozenTrial
 
-from tss_opt.config.search import BFS_MODES, SearchSettings
+from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, canonical
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
 from tss_opt.search.selection import pareto_front, select
 
-__all__ = ["LevelSummary", "SearchResult", "TrialRecord", "build_result", "load_result"]
+__all__ = ["LevelSummary", "SearchResult", "TrialRecord", "build_result"]
 
 
 @dataclass(frozen=True)
@@ -257,51 +258,3 @@ _BOOKKEEPING_ATTRS = frozenset(
         "paired_bounds",
     }
 )
-
-
-def load_result(
-    storage: str | optuna.storages.BaseStorage | None,
-    study_name: str,
-    *,
-    selection: str | None = None,
-) -> SearchResult:
-    """Rebuild the result of a stored search without an evaluator.
-
-    Args:
-        storage: A URL (``None``: the default SQLite file) or an Optuna storage.
-        study_name: The study.
-        selection: Override the stored selection rule.
-
-    Raises:
-        KeyError: No such study.
-        ValueError: The study was not created by :func:`~tss_opt.search.run_search`.
-    """
-    from tss_opt.storage import open_storage
-
-    if storage is None or isinstance(storage, str):
-        storage = open_storage(storage, heartbeat_interval=None, grace_period=None)
-    study = optuna.load_study(study_name=study_name, storage=storage)
-    attrs = study.user_attrs
-    if "search_settings" not in attrs:
-        raise ValueError(
-            f"Study '{study_name}' was not created by tss_opt.search.run_search "
-            "(it has no 'search_settings' user attribute)."
-        )
-    settings = SearchSettings.from_mapping(attrs["search_settings"])
-    if settings.mode not in BFS_MODES:
-        from tss_opt.search.strategy_result import load_strategy_result
-
-        return load_strategy_result(study, settings, selection=selection)
-    sampler = BreadthFirstSampler(
-        settings,
-        int(attrs["num_layers"]),
-        metric_higher_is_better=bool(attrs.get("metric_higher_is_better", True)),
-    )
-    state = sampler.state(study)
-    return build_result(
-        state,
-        sampler,
-        study_name=study_name,
-        selection=str(selection or settings.selection),
-        metric_name=str(attrs.get("metric_name", "metric")),
-    )

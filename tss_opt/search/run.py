@@ -8,21 +8,23 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 
-from tss_opt.config.search import BFS_MODES, OPTUNA_MODES, SearchSettings
+from tss_opt.config.search import SearchSettings
 from tss_opt.errors import TSSError
 from tss_opt.search.contract import Evaluator, describe_evaluator
+from tss_opt.search.interrupts import InterruptGuard
 from tss_opt.search.note import save_search_note
 from tss_opt.search.optuna_strategy import run_optuna_strategy
 from tss_opt.search.progress import Progress
-from tss_opt.search.result import SearchResult, build_result
+from tss_opt.search.registry import QUEUED_MODES, check_budget, strategy_for
+from tss_opt.search.result import SearchResult
 from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
-from tss_opt.search.strategies import QUEUED_MODES, StrategySampler, check_budget
-from tss_opt.search.strategy_result import build_strategy_result
+from tss_opt.search.stored import result_from_state
 from tss_opt.search.study import create_or_load_study
-from tss_opt.search.worker import QueueStudy, RetryStaleSkipSetCallback, Worker
+from tss_opt.search.worker import RetryStaleSkipSetCallback, Worker
 from tss_opt.storage import (
     make_sqlite_safe,
     open_storage,
@@ -102,7 +104,8 @@ def run_search(
     info = describe_evaluator(evaluator)
     settings.validate(info.num_layers)
     check_budget(settings, info.num_layers)
-    if settings.mode in OPTUNA_MODES and n_workers_hint is not None and n_workers_hint > 1:
+    strategy = strategy_for(settings.mode)
+    if not strategy.queued and n_workers_hint is not None and n_workers_hint > 1:
         raise ValueError(
             f"mode={settings.mode!r} runs in one process (its sampler's duplicate check and "
             f"budget are counted there); got n_workers_hint={n_workers_hint}. Run one worker, "
@@ -110,29 +113,25 @@ def run_search(
         )
     if not isinstance(study_name, str) or not study_name:
         raise ValueError(f"study_name={study_name!r} must be a non-empty string.")
-    with _storage_for(storage, settings, n_workers_hint) as store:
+    guard = InterruptGuard()
+    with guard.held(), _storage_for(storage, settings, n_workers_hint) as store:
         create_or_load_study(store, study_name, info, settings, metadata)
         progress = Progress(info.metric_name, show=show_progress)
-        if settings.mode in OPTUNA_MODES:
+        if not strategy.queued:
             logger.log(
                 progress.level, "worker runs study '%s' (%s sampler, L=%d, max_trials=%s)",
                 study_name, settings.mode, info.num_layers, settings.max_trials,
             )
             result = run_optuna_strategy(
                 store, study_name, settings, evaluator, info, progress,
-                n_workers_hint=n_workers_hint,
+                n_workers_hint=n_workers_hint, guard=guard,
             )
             _finish(store, study_name, result, progress)
             return result
-        if settings.mode in BFS_MODES:
-            sampler = BreadthFirstSampler(
-                settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
-            )
-        else:
-            sampler = StrategySampler(
-                settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
-            )
-        study = QueueStudy(study_name=study_name, storage=store, sampler=sampler)
+        sampler = BreadthFirstSampler(
+            settings, info.num_layers, metric_higher_is_better=info.metric_higher_is_better
+        )
+        study = optuna.load_study(study_name=study_name, storage=store, sampler=sampler)
         logger.log(
             progress.level,
             "worker joins study '%s' (%s mode, L=%d%s)",
@@ -141,7 +140,7 @@ def run_search(
             info.num_layers,
             f", {n_workers_hint} workers expected" if n_workers_hint else "",
         )
-        state = Worker(study, evaluator, info, progress).run()
+        state = Worker(study, evaluator, info, progress, guard).run()
         if state.plan.baseline is None:
             raise SearchError(
                 f"Study '{study_name}': the dense baseline (empty skip set) could not be "
@@ -149,27 +148,9 @@ def run_search(
                 f"{MAX_CRASH_RETRIES + 1} times. Fix the evaluator, then delete the study or "
                 "use a new study_name."
             )
-        if settings.mode in BFS_MODES:
-            result = build_result(
-                state,
-                sampler,
-                study_name=study_name,
-                selection=str(settings.selection),
-                metric_name=info.metric_name,
-            )
-        else:
-            result = build_strategy_result(
-                state.results,
-                state.complete,
-                settings,
-                num_layers=info.num_layers,
-                metric_higher_is_better=info.metric_higher_is_better,
-                study_name=study_name,
-                metric_name=info.metric_name,
-                stop_reason=state.plan.stop_reason,
-                finished=state.plan.finished,
-                pool=tuple(state.plan.pool or ()),
-            )
+        result = result_from_state(
+            state, sampler, study_name=study_name, metric_name=info.metric_name
+        )
         study.set_user_attr("result", result.summary())
         save_search_note(study, result)
         progress.finished(
@@ -189,8 +170,6 @@ def _settings(settings: SearchSettings | None, values: Mapping[str, Any]) -> Sea
 
 
 def _finish(store: BaseStorage, study_name: str, result: SearchResult, progress: Progress) -> None:
-    import optuna
-
     optuna.load_study(study_name=study_name, storage=store).set_user_attr("result", result.summary())
     if result.baseline == {}:
         raise SearchError(f"Study '{study_name}': the dense baseline could not be evaluated.")

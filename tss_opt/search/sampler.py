@@ -37,10 +37,12 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tss_opt.config.search import SearchSettings
-from tss_opt.search.algorithm import Config, Measurement, SearchPlan, canonical, plan_search
+from tss_opt.search.algorithm import Config, Measurement, SearchPlan, canonical
 from tss_opt.search.feasibility import PerPrompt
+from tss_opt.search.registry import QUEUED_MODES, check_budget, plan_strategy, strategy_for
 from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name, study_lock_key
 from tss_opt.storage import study_lock
+from tss_opt.storage.optuna_adapter import study_storage
 
 __all__ = ["MAX_CRASH_RETRIES", "BreadthFirstSampler", "StoredState"]
 
@@ -104,6 +106,13 @@ class BreadthFirstSampler(BaseSampler):
         max_crash_retries: int = MAX_CRASH_RETRIES,
     ) -> None:
         settings.validate(num_layers)
+        if not strategy_for(settings.mode).queued:
+            raise ValueError(
+                f"mode={settings.mode!r} is not a queued strategy; expected one of: "
+                f"{', '.join(QUEUED_MODES)} (the others run through "
+                "tss_opt.search.optuna_strategy)."
+            )
+        check_budget(settings, num_layers)
         self.settings = settings
         self.num_layers = num_layers
         self.metric_higher_is_better = metric_higher_is_better
@@ -113,7 +122,7 @@ class BreadthFirstSampler(BaseSampler):
 
     def state(self, study: optuna.Study) -> StoredState:
         """Rebuild the search state from the study's trials (one storage read)."""
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+        trials = study.get_trials(deepcopy=False)
         return self.state_from_trials(trials)
 
     def state_from_trials(self, trials: Sequence[FrozenTrial]) -> StoredState:
@@ -151,9 +160,9 @@ class BreadthFirstSampler(BaseSampler):
         return StoredState(plan, results, complete, dict(pending), dict(failed), missing)
 
     def plan(self, results: dict[Config, Measurement | None]) -> SearchPlan:
-        """The search state implied by ``results``: Algorithm 1 (subclasses plan other
-        strategies, see :class:`tss_opt.search.strategies.StrategySampler`)."""
-        return plan_search(
+        """The search state implied by ``results``: the plan of ``settings.mode``'s strategy
+        (Algorithm 1 for ``exhaustive`` / ``beam``; :mod:`tss_opt.search.registry`)."""
+        return plan_strategy(
             self.settings,
             self.num_layers,
             results,
@@ -196,7 +205,8 @@ class BreadthFirstSampler(BaseSampler):
         state = self.state(study)
         if not state.missing:
             return state
-        with study_lock(study._storage, study_lock_key(study.study_name), blocking=wait) as locked:
+        lock = study_lock(study_storage(study), study_lock_key(study.study_name), blocking=wait)
+        with lock as locked:
             if not locked:
                 return state
             state = self.state(study)

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import optuna
 from optuna.trial import FrozenTrial
 
-from tss_opt.config.search import OPTUNA_MODES, SearchSettings
+from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, canonical
 from tss_opt.search.result import LevelSummary, SearchResult, TrialRecord
 from tss_opt.search.selection import pareto_front, select_min_cost, select_triple_win
 from tss_opt.search.strategies import feasibility_rule
 
-__all__ = ["build_strategy_result", "load_strategy_result"]
+__all__ = ["build_strategy_result"]
 
 
 def build_strategy_result(
@@ -93,34 +92,4 @@ def build_strategy_result(
         finished=finished,
         metric_name=metric_name,
         num_layers=num_layers,
-    )
-
-
-def load_strategy_result(
-    study: optuna.Study, settings: SearchSettings, *, selection: str | None = None
-) -> SearchResult:
-    """The result of a stored rival-strategy study (what :func:`load_result` returns)."""
-    from tss_opt.search.optuna_strategy import stored_results
-    from tss_opt.search.strategies import StrategySampler
-
-    attrs = study.user_attrs
-    num_layers = int(attrs["num_layers"])
-    hib = bool(attrs.get("metric_higher_is_better", True))
-    metric_name = str(attrs.get("metric_name", "metric"))
-    if settings.mode in OPTUNA_MODES:
-        results, complete = stored_results(study.get_trials(deepcopy=False))
-        stored = attrs.get("result") or {}
-        return build_strategy_result(
-            results, complete, settings, num_layers=num_layers, metric_higher_is_better=hib,
-            study_name=study.study_name, metric_name=metric_name,
-            stop_reason=str(stored.get("stop_reason", "")), finished=bool(stored.get("finished")),
-            selection=selection,
-        )
-    sampler = StrategySampler(settings, num_layers, metric_higher_is_better=hib)
-    state = sampler.state(study)
-    return build_strategy_result(
-        state.results, state.complete, settings, num_layers=num_layers,
-        metric_higher_is_better=hib, study_name=study.study_name, metric_name=metric_name,
-        stop_reason=state.plan.stop_reason, finished=state.plan.finished,
-        pool=tuple(state.plan.pool or ()), selection=selection,
     )

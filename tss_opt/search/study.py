@@ -29,6 +29,7 @@ from tss_opt.search.identity import (
     study_name_for,
 )
 from tss_opt.storage import storage_url, study_lock
+from tss_opt.storage.optuna_adapter import study_id
 
 __all__ = [
     "FAIL_REASON_KEY",
@@ -100,12 +101,15 @@ def create_or_load_study(
             storage=storage, study_name=study_name, directions=directions, load_if_exists=True
         )
         attrs = study.user_attrs
-        if "search_settings" not in attrs:
-            if study._storage.get_all_trials(study._study_id, deepcopy=False):
+        if not _made(storage, study, attrs):
+            if "search_settings" not in attrs and study.get_trials(deepcopy=False):
                 raise StudyMismatchError(
                     f"Study '{study_name}' in {storage_url(storage)} already has trials but was "
                     "not created by tss_opt.search; choose another study_name."
                 )
+            # A new study, or one whose creator was stopped before it finished writing the
+            # identity (Ctrl-C, kill): no trial can exist yet (trials are queued only after
+            # this returns), so the identity is (re)written whole.
             check_directions(study, directions, study_name, storage)
             study.set_user_attr("search_settings", settings.to_dict())
             study.set_user_attr("metadata", meta)
@@ -115,7 +119,8 @@ def create_or_load_study(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)  # set_metric_names
                 study.set_metric_names(["accept_length", info.metric_name, "cost"])
-            study._storage.set_study_system_attr(study._study_id, FORMAT_KEY, FORMAT_VERSION)
+            # Written last: its presence says the identity above is complete.
+            storage.set_study_system_attr(study_id(study), FORMAT_KEY, FORMAT_VERSION)
             return study
         check_directions(study, directions, study_name, storage)
         check_same_search(study, study_name, storage, info, settings, meta)
@@ -124,3 +129,20 @@ def create_or_load_study(
             # Only non-identity fields differ (selection, heartbeats): keep the latest.
             study.set_user_attr("search_settings", settings.to_dict())
         return study
+
+
+# The user attributes create_or_load_study writes before FORMAT_KEY.
+_IDENTITY_ATTRS = ("search_settings", "metadata", "num_layers", "metric_name", "metric_higher_is_better")
+
+
+def _made(storage: BaseStorage, study: optuna.Study, attrs: Mapping[str, Any]) -> bool:
+    """Whether the study's identity was written completely.
+
+    Optuna cannot create a study together with its attributes, so creation is several
+    writes; the format marker is the last one (issue 22: a Ctrl-C in between left studies that
+    every resume refused with "num_layers: stored None"). Studies made before the marker
+    count as made when every identity attribute is there.
+    """
+    if FORMAT_KEY in storage.get_study_system_attrs(study_id(study)):
+        return True
+    return all(k in attrs for k in _IDENTITY_ATTRS)

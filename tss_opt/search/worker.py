@@ -1,82 +1,39 @@
 """One worker's loop: take queued trials, evaluate them, wait for levels, stop when done.
 
-The worker runs trials inside ``Study.optimize`` (so Optuna's heartbeat thread and its stale
-check run for each trial) on a :class:`QueueStudy`, whose ``ask`` only pops queued trials:
-when the queue is empty it raises :class:`QueueEmpty` instead of creating a parameterless
-trial, which ends ``optimize``. The worker then refills the queue (next level) or waits.
+The worker takes only queued trials (:meth:`TrialLife.take_queued`, which never creates a
+parameterless trial as ``Study.ask`` would on an empty queue), runs each through
+:class:`~tss_opt.search.lifecycle.TrialLife` (evaluate, write attributes, tell; each step
+survives an interrupt or a stall), then refills the queue (next level) or waits.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
-from typing import Any
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from tss_opt.search.algorithm import Config, Feasibility, Measurement, canonical, feasibility_for
 from tss_opt.search.chunked import TrialEvaluation, evaluate_skip_set
 from tss_opt.search.contract import Evaluator, EvaluatorError, EvaluatorInfo, prompt_count
 from tss_opt.search.feasibility import PairedFeasibility
+from tss_opt.search.interrupts import InterruptGuard
+from tss_opt.search.lifecycle import TrialLife
 from tss_opt.search.progress import Progress
 from tss_opt.search.sampler import BreadthFirstSampler, StoredState
-from tss_opt.search.study import FAIL_REASON_KEY, config_of, param_name
-from tss_opt.storage import fail_stale, record_heartbeat
+from tss_opt.search.study import config_of, param_name
+from tss_opt.search.trial_attrs import record_evaluation
+from tss_opt.storage import fail_stale
+from tss_opt.storage.optuna_adapter import study_storage, trial_id
 
-__all__ = ["QueueEmpty", "QueueStudy", "RetryStaleSkipSetCallback", "Worker"]
+__all__ = ["RetryStaleSkipSetCallback", "Worker"]
 
 logger = logging.getLogger("tss_opt.search")
 
 _MIN_POLL_S = 0.05
 _MAX_POLL_S = 1.0
-
-
-class QueueEmpty(Exception):
-    """Raised by :meth:`QueueStudy.ask` when no queued trial is left to take."""
-
-
-class QueueStudy(optuna.Study):
-    """A study whose ``ask`` takes a WAITING trial atomically or raises :class:`QueueEmpty`.
-
-    Optuna's ``ask`` creates a fresh, parameterless trial when the queue is empty; in a
-    breadth-first search that trial would have nothing to evaluate (a worker waiting for the
-    level to finish), so it is never created.
-    """
-
-    #: The trial this process took last (``None`` before the first): the worker fails it
-    #: with a recorded reason when an interrupt arrives anywhere while it runs.
-    taken_trial_id: int | None = None
-
-    def ask(self, fixed_distributions: dict[str, Any] | None = None) -> optuna.Trial:
-        # Same as Study.ask (and its _pop_waiting_trial_id), minus the fallback to a new
-        # trial. Reading the queue through the study's cached storage also registers the
-        # trials there, which Trial.suggest_* needs.
-        self._thread_local.cached_all_trials = None
-        waiting = self._storage.get_all_trials(
-            self._study_id, deepcopy=False, states=(TrialState.WAITING,)
-        )
-        # Workers try the oldest queued trials in different orders, so they rarely collide.
-        candidates = [t._trial_id for t in waiting[:32]]
-        random.shuffle(candidates)
-        for trial_id in candidates:
-            try:
-                # Sets RUNNING only if still WAITING: atomic on PostgreSQL/MySQL (row lock)
-                # and on SQLite with BEGIN IMMEDIATE.
-                taken = self._storage.set_trial_state_values(trial_id, TrialState.RUNNING)
-            except UpdateFinishedTrialError:
-                continue
-            if not taken:
-                continue
-            self.taken_trial_id = trial_id
-            # Heartbeat at once, not only when Study.optimize starts its heartbeat thread, so a
-            # worker killed in between still leaves a trial that goes stale.
-            record_heartbeat(self._storage, trial_id)
-            return optuna.Trial(self, trial_id)
-        raise QueueEmpty
 
 
 class RetryStaleSkipSetCallback(RetryHeartbeatStaleTrialCallback):
@@ -112,7 +69,12 @@ class Worker:
     """
 
     def __init__(
-        self, study: QueueStudy, evaluator: Evaluator, info: EvaluatorInfo, progress: Progress
+        self,
+        study: optuna.Study,
+        evaluator: Evaluator,
+        info: EvaluatorInfo,
+        progress: Progress,
+        guard: InterruptGuard | None = None,
     ) -> None:
         assert isinstance(study.sampler, BreadthFirstSampler)
         self.study = study
@@ -120,6 +82,8 @@ class Worker:
         self.evaluator = evaluator
         self.info = info
         self.progress = progress
+        self.guard = guard or InterruptGuard()
+        self.life = TrialLife(study, self.guard)
         self.thresholds: Feasibility | None = None
         self.baseline: Measurement | None = None
         self.evaluations = 0
@@ -129,9 +93,18 @@ class Worker:
         self._last_progress = time.monotonic()
 
     def run(self) -> StoredState:
-        """Work until the search is finished; return the final state."""
+        """Work until the search is finished; return the final state.
+
+        Ctrl-C is held while the worker talks to the storage (see
+        :mod:`tss_opt.search.interrupts`); it stops the evaluator and the idle waits at once.
+        """
+        with self.guard.held():
+            return self._run()
+
+    def _run(self) -> StoredState:
         poll = _MIN_POLL_S
         while True:
+            self.guard.check()
             # A dead worker's trial is failed here even while nobody starts a new trial;
             # the storage's stale callback then queues its retry.
             fail_stale(self.study)
@@ -144,67 +117,21 @@ class Worker:
             if state.plan.baseline is not None and self.thresholds is None:
                 self._set_rule(state.plan.baseline, state.plan.thresholds)
             if state.waiting:
-                self._optimize()
+                self._run_queued()
                 poll = _MIN_POLL_S
                 continue
             self.progress.waiting(state)
-            time.sleep(poll)
+            with self.guard.interruptible():
+                time.sleep(poll)
             poll = min(poll * 1.5, _MAX_POLL_S)
 
-    def _optimize(self) -> None:
-        try:
-            self.study.optimize(
-                self._objective, catch=(), gc_after_trial=False, callbacks=[self._after_trial]
-            )
-        except QueueEmpty:
-            pass
-        except KeyboardInterrupt:
-            # Wherever the interrupt landed (taking the trial, writing parameters or
-            # attributes, telling the result), the trial must not count as a crash.
-            self._fail_interrupted()
-            raise
-        except (UpdateFinishedTrialError, ValueError) as e:
-            # Our trial was failed as stale by another worker while this one was stalled
-            # (stopped, swapped out, heartbeats late) and its retry runs elsewhere: Optuna's
-            # tell then raises "Cannot tell a FAIL trial" (ValueError) or a write raises
-            # UpdateFinishedTrialError. Discard the late result and carry on.
-            trial = self._taken_over()
-            if trial is None:
-                raise
-            logger.warning(
-                "trial #%d (skip set %s) was failed as stale by another worker while this "
-                "worker was stalled; its late result is discarded (%s)",
-                trial.number,
-                trial.user_attrs.get("skip_set"),
-                e,
-            )
+    def _run_queued(self) -> None:
+        """Run queued trials until the queue is empty."""
+        while (trial := self.life.take_queued()) is not None:
+            self.life.run(trial, self._evaluate)
+            self._after_trial()
 
-    def _taken_over(self) -> FrozenTrial | None:
-        """This worker's last trial if another worker failed it as stale, else ``None``."""
-        trial_id = self.study.taken_trial_id
-        if trial_id is None:
-            return None
-        trial = self.study._storage.get_trial(trial_id)
-        # A trial this worker failed itself carries FAIL_REASON_KEY (see _objective).
-        if trial.state == TrialState.FAIL and FAIL_REASON_KEY not in trial.system_attrs:
-            return trial
-        return None
-
-    def _fail_interrupted(self) -> None:
-        """Fail this worker's running trial as interrupted (re-queued, not a crash)."""
-        trial_id = self.study.taken_trial_id
-        if trial_id is None:
-            return
-        storage = self.study._storage
-        try:
-            trial = storage.get_trial(trial_id)
-            if trial.state == TrialState.RUNNING:
-                storage.set_trial_system_attr(trial_id, FAIL_REASON_KEY, "KeyboardInterrupt()")
-                storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        except Exception as e:  # noqa: BLE001 - the interrupt itself must still propagate
-            logger.debug("could not fail interrupted trial %d: %s", trial_id, e)
-
-    def _after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+    def _after_trial(self) -> None:
         # "level k: evaluated x/y" during long levels, at most once per progress interval
         # (it costs a read of the study's new trials).
         now = time.monotonic()
@@ -212,21 +139,8 @@ class Worker:
             self._last_progress = now
             self.progress.state(self.sampler.state(self.study), force=True)
 
-    def _objective(self, trial: optuna.Trial) -> tuple[float, float, float]:
-        try:
-            return self._evaluate(trial)
-        except BaseException as e:
-            # Mark the failure as an evaluation error or interrupt (not a crash) so it is
-            # re-queued without using up the crash retry, wherever in the trial it happened
-            # (evaluator, parameters, attributes); then let Optuna fail the trial and re-raise.
-            try:
-                trial.storage.set_trial_system_attr(trial._trial_id, FAIL_REASON_KEY, repr(e)[:500])
-            except Exception:  # noqa: BLE001 - never mask the original error
-                pass
-            raise
-
     def _evaluate(self, trial: optuna.Trial) -> tuple[float, float, float]:
-        config = config_of(self.study._storage.get_trial(trial._trial_id))
+        config = config_of(study_storage(self.study).get_trial(trial_id(trial)))
         if config is None:
             raise RuntimeError(
                 f"Trial #{trial.number} carries no skip set; it was not queued by tss_opt"
@@ -235,38 +149,19 @@ class Worker:
         for i in range(self.sampler.num_layers):
             skipped = trial.suggest_categorical(param_name(i), [False, True])
             assert skipped == (i in config), f"trial #{trial.number}: skip_{i} disagrees"
-        ev = self._evaluate_skip_set(config)
+        with self.guard.interruptible():
+            ev = self._evaluate_skip_set(config)
         self.evaluations += 1
         self.prompt_evaluations += ev.prompts_used or 0
         m, extras = ev.measurement, ev.extras
         self._check_prompt_count(config, ev)
         verdict = self._rule(config, m).verdict(m)
-        constraints = list(verdict.constraints)
         feasible = verdict.feasible
-        assert feasible == all(c <= 0.0 for c in constraints) or ev.early_stopped
-        for key, value in extras.items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("feasible", feasible)
-        if m.per_prompt is not None:
-            # Compact per-prompt record (4 decimals): feasibility is recomputed from it.
-            trial.set_user_attr("per_prompt", m.per_prompt.to_dict())
-        if ev.prompts_used is not None:
-            trial.set_user_attr("prompts_used", ev.prompts_used)
-            trial.set_user_attr("early_stopped", ev.early_stopped)
-        if not feasible:
-            trial.set_user_attr("infeasible_reason", verdict.reason)
-        if verdict.bounds:
-            trial.set_user_attr(
-                "paired_bounds", {k: b.to_dict() for k, b in verdict.bounds.items()}
-            )
-        # Optuna's constraint API (read by study.best_trials)...
-        for name, value in zip(verdict.constraint_names, constraints, strict=True):
-            trial.set_constraint(self.info.metric_name if name == "metric" else name, value)
-        # ...and the legacy list that optuna-dashboard 0.21 reads (the one constraints_func
-        # writes): point rule [(A0 - eps_A) - A, (M0 - eps_M) - M]; paired rule [-delta_A -
-        # lower_A, -delta_M - lower_M(, lower_R - max_repetition_increase)]; feasible when all
-        # <= 0.
-        trial.storage.set_trial_system_attr(trial._trial_id, "constraints", constraints)
+        assert feasible == all(c <= 0.0 for c in verdict.constraints) or ev.early_stopped
+        record_evaluation(
+            self.study, trial, m, extras, verdict, metric_name=self.info.metric_name,
+            prompts_used=ev.prompts_used, early_stopped=ev.early_stopped,
+        )  # fmt: skip
         self.progress.trial(trial.number, config, m, feasible)
         if ev.early_stopped:
             logger.log(

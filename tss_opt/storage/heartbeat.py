@@ -14,18 +14,23 @@ heartbeat that Optuna never fails and that blocks its level forever (issue 15).
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
-from datetime import datetime, timedelta, timezone
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import optuna
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import RDBStorage
-from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 from optuna.trial import TrialState
 
 from tss_opt.config.search import DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL
-from tss_opt.storage.locks import unwrap_storage
+from tss_opt.storage.optuna_adapter import (
+    running_without_heartbeat,
+    study_id,
+    study_storage,
+    unwrap_storage,
+)
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "Heartbeat",
     "fail_stale",
     "heartbeat_enabled",
     "record_heartbeat",
@@ -42,14 +48,21 @@ __all__ = [
 # One heartbeat write every 10 s per running trial is negligible load on any backend.
 
 
+def _heartbeat_backend(storage: BaseStorage) -> RDBStorage | None:
+    backend = unwrap_storage(storage)
+    if isinstance(backend, RDBStorage) and backend.get_heartbeat_interval() is not None:
+        return backend
+    return None
+
+
 def heartbeat_enabled(storage: BaseStorage) -> bool:
     """Whether ``storage`` records heartbeats (an RDB storage with ``heartbeat_interval``)."""
-    return is_heartbeat_enabled(unwrap_storage(storage))
+    return _heartbeat_backend(storage) is not None
 
 
 def fail_stale(study: optuna.Study) -> None:
     """Fail the study's trials whose heartbeat is stale and run the storage's stale callback."""
-    if not heartbeat_enabled(study._storage):
+    if not heartbeat_enabled(study_storage(study)):
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
@@ -63,43 +76,71 @@ def _fail_running_without_heartbeat(study: optuna.Study) -> None:
     Same steps as ``optuna.storages.fail_stale_trials``: the state change succeeds in one
     worker only (the others get ``UpdateFinishedTrialError``), which then runs the callback.
     """
-    backend = unwrap_storage(study._storage)
-    if not isinstance(backend, RDBStorage) or backend.heartbeat_interval is None:
+    backend = _heartbeat_backend(study_storage(study))
+    if backend is None:
         return
-    grace = backend.grace_period or 2 * backend.heartbeat_interval
-    for trial_id in _running_without_heartbeat(backend, study._study_id, grace):
+    interval = backend.get_heartbeat_interval()
+    assert interval is not None
+    grace = backend.grace_period or 2 * interval
+    for tid in running_without_heartbeat(backend, study_id(study), grace):
         try:
-            if not backend.set_trial_state_values(trial_id, state=TrialState.FAIL):
+            if not backend.set_trial_state_values(tid, state=TrialState.FAIL):
                 continue
         except UpdateFinishedTrialError:
             continue  # another worker failed it first
         callback = backend.get_heartbeat_stale_trial_callback()
         if callback is not None:
-            callback(study, copy.deepcopy(backend.get_trial(trial_id)))
-
-
-def _running_without_heartbeat(storage: RDBStorage, study_id: int, grace_s: int) -> list[int]:
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    # Optuna writes datetime_start from the worker's clock (not the database's), stored as
-    # naive UTC in the column behind the `datetime_start` property: compare the same way.
-    cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=grace_s)
-    with _create_scoped_session(storage.scoped_session) as session:
-        rows = (
-            session.query(models.TrialModel.trial_id)
-            .filter(models.TrialModel.study_id == study_id)
-            .filter(models.TrialModel.state == TrialState.RUNNING)
-            .filter(~models.TrialModel.heartbeats.any())
-            .filter(models.TrialModel._datetime_start_utc < cutoff)
-            .all()
-        )
-    return [r[0] for r in rows]
+            callback(study, copy.deepcopy(backend.get_trial(tid)))
 
 
 def record_heartbeat(storage: BaseStorage, trial_id: int) -> None:
     """Record one heartbeat for ``trial_id`` now (no-op when heartbeats are off)."""
-    backend = unwrap_storage(storage)
-    if is_heartbeat_enabled(backend):
-        assert isinstance(backend, BaseHeartbeat)
+    backend = _heartbeat_backend(storage)
+    if backend is not None:
         backend.record_heartbeat(trial_id)
+
+
+class Heartbeat:
+    """Record a trial's heartbeat every ``heartbeat_interval`` seconds while the block runs.
+
+    The thread Optuna's ``Study.optimize`` runs, for workers that drive their trials
+    themselves (:mod:`tss_opt.search.lifecycle`). Unlike Optuna's, the thread is a daemon and
+    leaving the block does not wait for it: a Ctrl-C that lands while the block ends can
+    neither leave the process waiting for the thread at exit nor be delayed by a heartbeat
+    that waits on a busy database. The thread stops after its current heartbeat.
+    """
+
+    def __init__(self, storage: BaseStorage, trial_id: int) -> None:
+        self._rdb = _heartbeat_backend(storage)
+        self._tid = trial_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Heartbeat:
+        if self._rdb is not None:
+            self._thread = threading.Thread(
+                target=self._beat, name=f"tss-heartbeat-{self._tid}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+
+    def _beat(self) -> None:
+        backend = self._rdb
+        assert backend is not None
+        interval = backend.get_heartbeat_interval()
+        assert interval is not None
+        while not self._stop.is_set():
+            try:
+                backend.record_heartbeat(self._tid)
+            except Exception:  # noqa: BLE001 - a missed beat only makes the trial go stale
+                pass
+            if self._stop.wait(timeout=interval):
+                return

@@ -27,11 +27,12 @@ from filelock import FileLock, Timeout
 from sqlalchemy import text
 
 from tss_opt.storage.errors import StorageError
+from tss_opt.storage.optuna_adapter import unwrap_storage
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
-__all__ = ["DEFAULT_LOCK_TIMEOUT", "file_lock", "sqlite_lock_path", "study_lock", "unwrap_storage"]
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "file_lock", "sqlite_lock_path", "study_lock"]
 
 # The guarded sections take milliseconds; a wait this long means a stopped (not killed)
 # process holds the lock, and failing loudly beats hanging forever.
@@ -40,11 +41,6 @@ DEFAULT_LOCK_TIMEOUT = 300.0
 _process_locks: dict[str, threading.RLock] = {}
 _process_locks_guard = threading.Lock()
 _held = threading.local()
-
-
-def unwrap_storage(storage: BaseStorage) -> BaseStorage:
-    """Return the storage behind Optuna's ``_CachedStorage`` wrapper (``study._storage``)."""
-    return getattr(storage, "_backend", storage)
 
 
 def sqlite_lock_path(database: str | os.PathLike[str]) -> Path:

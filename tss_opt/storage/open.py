@@ -16,7 +16,8 @@ from sqlalchemy.pool import NullPool
 
 from tss_opt.storage.errors import StorageError
 from tss_opt.storage.heartbeat import DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL
-from tss_opt.storage.locks import file_lock, sqlite_lock_path, unwrap_storage
+from tss_opt.storage.locks import file_lock, sqlite_lock_path
+from tss_opt.storage.optuna_adapter import unwrap_storage
 from tss_opt.storage.sqlite import DEFAULT_BUSY_TIMEOUT, SQLiteRDBStorage
 from tss_opt.storage.url import ParsedURL, mask_url, parse_storage_url
 

@@ -50,7 +50,32 @@ def _on_connect_wal(dbapi_connection: Any, connection_record: Any) -> None:
 
 
 def _on_begin(conn: Any) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # On the driver's connection, not through conn.exec_driver_sql: a Ctrl-C that lands right
+    # after BEGIN IMMEDIATE ran would pass through SQLAlchemy's error handling there, which
+    # closes the connection while the traceback's frames (a reference cycle, freed only by
+    # the garbage collector) keep its cursor open. sqlite3 then keeps the half-closed
+    # connection, and with it the database's write lock, so every later transaction of this
+    # same process waited busy_timeout (60 s) and failed "database is locked" (issue 22;
+    # reproduced with random SIGINTs around Study.ask/tell: the search stalled within
+    # seconds, each statement waiting out the busy timeout). Here the lock is released
+    # before the interrupt leaves.
+    dbapi_connection = conn.connection.dbapi_connection
+    try:
+        dbapi_connection.execute("BEGIN IMMEDIATE")
+    except BaseException:
+        rollback_quietly(dbapi_connection)
+        raise
+
+
+def rollback_quietly(dbapi_connection: Any) -> bool:
+    """Roll back ``dbapi_connection`` if it is inside a transaction; ``True`` if it was."""
+    try:
+        if dbapi_connection is None or not dbapi_connection.in_transaction:
+            return False
+        dbapi_connection.rollback()
+        return True
+    except Exception:  # noqa: BLE001 - a closed or broken connection holds no lock
+        return False
 
 
 def make_sqlite_safe(engine: Engine, *, wal: bool = True) -> None:
