@@ -21,6 +21,7 @@ from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
     from tss_opt.decoding import Drafter, TargetModel
+    from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.decoding.verify.relaxed import Verifier
     from tss_opt.evaluation.domains import Domain
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
@@ -36,7 +37,10 @@ __all__ = [
     "build_verifier",
     "check_distribution_drafter",
     "relaxed_settings",
+    "base_protocol",
     "compose_config",
+    "decode_protocol",
+    "serving_protocol",
     "drafter_config",
     "max_new_tokens_for",
     "model_config",
@@ -169,29 +173,66 @@ def assemble(cfg: DictConfig) -> Assembly:
     return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
 
 
+def base_protocol(cfg: DictConfig, eos_token_ids: Sequence[int] = ()) -> DecodeProtocol:
+    """The settings every decoding command reads from the configuration, in one value:
+    ``scope``, ``temperature``, ``cost``, ``reuse_prefill``, the stop tokens and
+    ``max_new_tokens=`` (96 when null); exact verification and no system prompt (those
+    depend on the domain and the drafter: :func:`decode_protocol`)."""
+    from tss_opt.decoding.protocol import DEFAULT_MAX_NEW_TOKENS, DecodeProtocol
+
+    return DecodeProtocol(
+        max_new_tokens=int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
+        scope=str(cfg.scope),
+        temperature=float(cfg.temperature),
+        cost=str(cfg.cost),
+        eos_token_ids=tuple(eos_token_ids),
+        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
+    )
+
+
+def decode_protocol(
+    cfg: DictConfig,
+    domain: Domain,
+    eos_token_ids: Sequence[int] = (),
+    drafter_cfg: dict[str, Any] | None = None,
+) -> DecodeProtocol:
+    """The decoding protocol a configuration sets for ``domain``: built once here and passed
+    whole to the evaluators (:class:`~tss_opt.decoding.protocol.DecodeProtocol`).
+
+    :func:`base_protocol` with the length of :func:`max_new_tokens_for`, the domain's system
+    prompt and the acceptance rule (:func:`build_verifier`, checked against ``drafter_cfg``).
+    """
+    return base_protocol(cfg, eos_token_ids).replace(
+        max_new_tokens=max_new_tokens_for(cfg, domain),
+        system_prompt=domain.config.system_prompt,
+        verification=build_verifier(cfg, drafter_cfg),
+    )
+
+
+def serving_protocol(cfg: DictConfig, runtime: Assembly) -> DecodeProtocol:
+    """The runtime's protocol: :func:`base_protocol` (``max_new_tokens=`` is the default
+    request length; each domain has its own system prompt) with the configured rule."""
+    return base_protocol(cfg, runtime.eos_token_ids).replace(verification=build_verifier(cfg, runtime.drafter_cfg))
+
+
 def _evaluator_args(
-    cfg: DictConfig, runtime: Assembly | None, split: str | None, prompts: int | None
-) -> tuple[Assembly, list[Any], dict[str, Any]]:
-    """What both evaluators take: the runtime, the split's examples and the keyword settings."""
-    domain = require_domain(cfg)
+    cfg: DictConfig,
+    runtime: Assembly | None,
+    split: str | None,
+    prompts: int | None,
+    protocol: DecodeProtocol | None,
+    domain: Domain | None = None,
+) -> tuple[Assembly, list[Any], Domain, DecodeProtocol]:
+    """What both evaluators take: the runtime, the split's examples, the domain and the protocol."""
+    domain = domain or require_domain(cfg)
     rt = runtime or assemble(cfg)
-    split = split or cfg.split
-    examples = domain.split(split)
+    examples = domain.split(split or cfg.split)
     n = prompts if prompts is not None else check_prompts(cfg.search.get("prompts"))
     if n is not None:  # a preset's prompt count is an upper bound (a small user domain has fewer)
         examples = examples[:n]
-    max_new = max_new_tokens_for(cfg, domain)
-    kwargs = dict(
-        extra_metrics=domain.extra_metrics,
-        max_new_tokens=int(max_new),
-        scope=str(cfg.scope),
-        temperature=cfg.temperature,
-        cost=str(cfg.cost),
-        eos_token_ids=rt.eos_token_ids,
-        system_prompt=domain.config.system_prompt,
-        reuse_prefill=bool(cfg.get("reuse_prefill", True)),
-    )
-    return rt, [examples, domain.metric], kwargs
+    if protocol is None:
+        protocol = decode_protocol(cfg, domain, rt.eos_token_ids, rt.drafter_cfg)
+    return rt, examples, domain, protocol
 
 
 def build_evaluator(
@@ -199,6 +240,8 @@ def build_evaluator(
     runtime: Assembly | None = None,
     split: str | None = None,
     prompts: int | None = None,
+    protocol: DecodeProtocol | None = None,
+    domain: Domain | None = None,
 ) -> SpecDecodeEvaluator:
     """The default trial evaluator (``evaluator=engine``): speculative decoding over the
     domain's split with the configured model and drafter.
@@ -208,13 +251,15 @@ def build_evaluator(
         runtime: An already assembled model (default: :func:`assemble`).
         split: The domain split (default ``cfg.split``).
         prompts: How many prompts of the split (default ``cfg.search.prompts``, an upper bound).
+        protocol: The decoding protocol (default: :func:`decode_protocol` of ``cfg``).
+        domain: The loaded domain (default: :func:`require_domain` of ``cfg``).
     """
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 
-    rt, (examples, metric), kwargs = _evaluator_args(cfg, runtime, split, prompts)
+    rt, examples, domain, protocol = _evaluator_args(cfg, runtime, split, prompts, protocol, domain)
     return SpecDecodeEvaluator(
-        rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric,
-        verification=build_verifier(cfg, rt.drafter_cfg), **kwargs,
+        rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, domain.metric,
+        protocol=protocol, extra_metrics=domain.extra_metrics,
     )
 
 
@@ -224,24 +269,27 @@ def build_replay_evaluator(
     split: str | None = None,
     prompts: int | None = None,
     batch_size: int | None = None,
+    protocol: DecodeProtocol | None = None,
+    domain: Domain | None = None,
 ) -> ReplayEvaluator:
     """The replay evaluator (``evaluator=replay``): one batched greedy generation of the
     sparse target per trial, the drafter replayed over each output (docs/evaluator.md).
 
     Args:
-        cfg, runtime, split, prompts: as :func:`build_evaluator`.
+        cfg, runtime, split, prompts, protocol, domain: as :func:`build_evaluator`.
         batch_size: prompts per batched forward (``evaluator.batch_size``); ``None`` = 8 on
             CPU, 32 on CUDA.
 
     Raises:
-        tss_opt.evaluation.replay.ReplayError: ``cost=measured``, ``temperature > 0`` or a
-            drafter the replay cannot reproduce (Token Recycling).
+        tss_opt.evaluation.replay.ReplayError: ``cost=measured``, ``temperature > 0``, a
+            relaxed rule or a drafter the replay cannot reproduce (Token Recycling).
     """
     from tss_opt.evaluation.replay import ReplayEvaluator
 
-    rt, (examples, metric), kwargs = _evaluator_args(cfg, runtime, split, prompts)
+    rt, examples, domain, protocol = _evaluator_args(cfg, runtime, split, prompts, protocol, domain)
     return ReplayEvaluator(
-        rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, metric, batch_size=batch_size, **kwargs
+        rt.target, rt.loaded.tokenizer, rt.new_drafter, examples, domain.metric,
+        protocol=protocol, extra_metrics=domain.extra_metrics, batch_size=batch_size,
     )
 
 

@@ -69,6 +69,7 @@ class HeldoutSets:
             self.sets.append(frozenset(skip))
 
     def measure(self) -> None:
+        from tss_opt.assembly import base_protocol
         from tss_opt.report.heldout import measure_interleaved
 
         if self.prompts <= 0:
@@ -78,8 +79,8 @@ class HeldoutSets:
         results = measure_interleaved(
             rt.target, rt.loaded.tokenizer, rt.new_drafter, self.domain,
             [(str(sorted(s)), s, None) for s in self.sets],
-            prompts=self.prompts, max_new_tokens=self.max_new_tokens, scope=str(self.cfg.scope),
-            temperature=float(self.cfg.temperature), eos_token_ids=rt.eos_token_ids, warmup=True, show_progress=True,
+            protocol=base_protocol(self.cfg, rt.eos_token_ids), prompts=self.prompts,
+            max_new_tokens=self.max_new_tokens, warmup=True, show_progress=True,
         )
         for s, r in zip(self.sets, results, strict=True):
             self.done[s] = {"accept_length": r.accept_length, "metric": r.metric, "tokens_per_s": r.tokens_per_s}

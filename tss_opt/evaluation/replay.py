@@ -33,6 +33,7 @@ import torch
 from tss_opt.decoding.cache import SkipAwareCache
 from tss_opt.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.decoding.engine import SCOPES, NoDrafter
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
 from tss_opt.errors import TSSError
@@ -48,6 +49,7 @@ __all__ = [
     "ReplayError",
     "ReplayEvaluator",
     "batched_greedy",
+    "check_replay_protocol",
     "check_replayable",
     "default_batch_size",
     "replay_stats",
@@ -355,20 +357,47 @@ def _feedback(
     )
 
 
+def check_replay_protocol(protocol: DecodeProtocol) -> None:
+    """Refuse a protocol the replay cannot reproduce: measured cost, sampling, a relaxed rule
+    or an unknown scope.
+
+    Raises:
+        ReplayError: naming the setting and the fix.
+    """
+    if protocol.cost != "analytic":
+        raise ReplayError(
+            f"cost={protocol.cost!r} cannot be used with evaluator=replay: the replay runs no speculative decoding "
+            "to time; use cost=analytic, or evaluator=engine for the measured cost"
+        )
+    if protocol.temperature != 0:
+        raise ReplayError(
+            f"temperature={protocol.temperature} cannot be used with evaluator=replay: only greedy decoding "
+            "(temperature=0) is replayed exactly; use evaluator=engine for speculative sampling"
+        )
+    if protocol.scope not in SCOPES:
+        raise ReplayError(f"scope={protocol.scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
+    if protocol.verifier.lossy:
+        raise ReplayError(
+            f"verification={protocol.verifier.describe()} cannot be used with evaluator=replay: the replay walks "
+            "exact greedy acceptance only; use evaluator=engine for a relaxed rule"
+        )
+
+
 # ----------------------------------------------------------------------------- evaluator
 class ReplayEvaluator(PromptSetEvaluator):
     """The trial evaluator of ``evaluator=replay``: batched greedy generation + drafter replay.
 
     Same arguments and contract as :class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator`
-    (``per_prompt``, ``num_prompts``, ``prompt_ids=``), plus ``batch_size``.
+    (``protocol=`` or its fields as keywords, ``per_prompt``, ``num_prompts``,
+    ``prompt_ids=``), plus ``batch_size``. Of the protocol, ``cost`` must be ``"analytic"``
+    (no real decoding is timed), ``temperature`` 0 (the replay of speculative sampling is not
+    exact) and ``verification`` exact; ``reuse_prefill`` in ``verify`` scope keeps each
+    batch's dense prefill (one KV cache per batch of prompt indices) and starts every trial
+    from a copy.
 
     Args:
         batch_size: prompts per batched forward; ``None`` = :data:`DEFAULT_BATCH_SIZE` for the
             target's device type.
-        cost: only ``"analytic"``; ``"measured"`` raises (no real decoding is timed).
-        temperature: only 0 (greedy); the replay of speculative sampling is not exact.
-        reuse_prefill: in ``verify`` scope, keep each batch's dense prefill (one KV cache per
-            batch of prompt indices) and start every trial from a copy.
 
     Per prompt, ``tokens_per_s`` is the prompt's tokens over its share of the batch's wall
     time: a throughput of the replay, not of speculative decoding.
@@ -382,39 +411,22 @@ class ReplayEvaluator(PromptSetEvaluator):
         examples: Sequence[Example],
         metric: Metric,
         *,
+        protocol: DecodeProtocol | None = None,
         extra_metrics: Sequence[Metric] = (),
-        max_new_tokens: int = 96,
-        scope: str = "verify",
-        temperature: float = 0.0,
-        cost: str = "analytic",
-        eos_token_ids: Sequence[int] = (),
-        system_prompt: str | None = None,
         show_progress: bool = True,
-        reuse_prefill: bool = True,
         batch_size: int | None = None,
+        **settings: Any,
     ) -> None:
-        if cost != "analytic":
-            raise ReplayError(
-                f"cost={cost!r} cannot be used with evaluator=replay: the replay runs no speculative decoding to "
-                "time; use cost=analytic, or evaluator=engine for the measured cost"
-            )
-        if temperature != 0:
-            raise ReplayError(
-                f"temperature={temperature} cannot be used with evaluator=replay: only greedy decoding (temperature=0) "
-                "is replayed exactly; use evaluator=engine for speculative sampling"
-            )
-        if scope not in SCOPES:
-            raise ReplayError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
+        protocol = DecodeProtocol.build(protocol, **settings)
+        check_replay_protocol(protocol)
         if batch_size is not None and int(batch_size) < 1:
             raise ReplayError(f"evaluator.batch_size={batch_size}; expected a positive integer, or null for the default")
         if not examples:
             raise ReplayError("the evaluator got no prompts; check the domain's split sizes")
         check_replayable(drafter_factory())  # fail at build time, not in the first trial
         super().__init__(
-            target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
-            max_new_tokens=max_new_tokens, scope=scope, temperature=0.0, cost=cost,
-            eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
-            reuse_prefill=reuse_prefill,
+            target, tokenizer, drafter_factory, examples, metric, protocol=protocol.replace(temperature=0.0),
+            extra_metrics=extra_metrics, show_progress=show_progress,
         )
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
         self._prefills: dict[tuple[tuple[int, ...], bool], _Prefill] = {}

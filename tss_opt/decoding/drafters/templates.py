@@ -29,7 +29,7 @@ from tss_opt.errors import TSSError
 BUILTIN_PREFIX = "builtin:"
 # Shipped as package data (pyproject: data/trees/*.json); located relative to this file so it
 # works from a checkout and after ``pip install`` alike.
-TREES_DIR = Path(__file__).resolve().parents[3] / "data" / "trees"
+TREES_DIR = Path(__file__).resolve().parents[2] / "data" / "trees"
 
 
 class TemplateError(TSSError):
