@@ -355,12 +355,12 @@ def check_distribution_drafter(mode: Any, drafter: dict[str, Any]) -> None:
     Raises:
         RelaxedVerificationError: naming the drafter and the ones that give distributions.
     """
-    from tss_opt.decoding.verify.relaxed import DISTRIBUTION_DRAFTERS, refuse_drafter
+    from tss_opt.decoding.drafters.registry import drafter_capabilities
+    from tss_opt.decoding.verify.relaxed import refuse_drafter
 
-    name = str(drafter.get("name"))
-    builders = ("build_self", "build_draft_model", "build_eagle", "build_t2d")
-    if name not in DISTRIBUTION_DRAFTERS and not str(drafter.get("_target_", "")).endswith(builders):
-        raise refuse_drafter(mode, name)
+    caps = drafter_capabilities(drafter)  # the drafter class's declaration, nothing built
+    if caps is None or not caps.distribution:
+        raise refuse_drafter(mode, str(drafter.get("name")))
 
 
 # ------------------------------------------------------------------------ study identity

@@ -18,7 +18,7 @@ import torch
 
 from tss_opt.config.enums import Scope
 from tss_opt.decoding.cache import keep_accepted
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, NoDrafter, VerifyFeedback
 from tss_opt.decoding.prefill import DensePrefill
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
@@ -33,13 +33,6 @@ from tss_opt.decoding.verify.relaxed import Verifier
 
 SkipScope = Literal["verify", "all"]
 SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)
-
-
-class NoDrafter(Drafter):
-    """Proposes nothing: every step commits exactly the target's next token (plain decoding)."""
-
-    def propose(self, context: torch.Tensor) -> DraftTree:
-        return DraftTree.empty()
 
 
 @dataclass

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from tss_opt.decoding.cache import SkipAwareCache
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.decoding.engine import SCOPES, NoDrafter
+from tss_opt.decoding.drafter import Drafter, NoDrafter, VerifyFeedback
+from tss_opt.decoding.engine import SCOPES
 from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
@@ -69,50 +69,26 @@ def default_batch_size(device: torch.device | str) -> int:
 
 
 # ----------------------------------------------------------------------------- drafters
-def _replayable_types() -> tuple[type, ...]:
-    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
-    from tss_opt.decoding.drafters.eagle import EagleDrafter
-    from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
-
-    # SelfDrafter subclasses DraftModelDrafter; SamdDrafter is checked with its fallback.
-    return (NoDrafter, PromptLookupDrafter, DraftModelDrafter, EagleDrafter)
-
-
 def check_replayable(drafter: Drafter | None) -> None:
     """Refuse a drafter whose proposals the replay cannot reproduce exactly.
 
-    Replayable: no drafter, prompt lookup, SAM decoding with ``fallback: none``, a draft
-    model, self-drafting, EAGLE, and any drafter class with ``replayable = True`` (its
+    Replayable: no drafter, and any drafter whose ``capabilities.replayable`` is set (prompt
+    lookup, SAM decoding with ``fallback: none``, a draft model, self-drafting, EAGLE): its
     proposals depend only on the context and on the target features of committed tokens;
-    :meth:`Drafter.update` then gets feedback whose ``logits`` have no columns).
+    :meth:`Drafter.update` then gets feedback whose ``logits`` have no columns.
 
     Raises:
-        ReplayError: naming the drafter and the fix.
+        ReplayError: naming the drafter and the fix (the drafter's ``replay_refusal``).
     """
-    from tss_opt.decoding.drafters.sam import SamdDrafter
-    from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
-
-    if drafter is None or getattr(drafter, "replayable", False) is True:
+    if drafter is None or drafter.capabilities.replayable:
         return
-    if isinstance(drafter, TokenRecycleDrafter):
-        raise ReplayError(
-            "evaluator=replay cannot reproduce Token Recycling: its table learns from the target's logits at "
-            "rejected draft-tree nodes, which a replay never computes; use evaluator=engine with this drafter"
-        )
-    if isinstance(drafter, SamdDrafter):
-        if isinstance(drafter.fallback, TokenRecycleDrafter):
-            raise ReplayError(
-                "evaluator=replay cannot reproduce SAMD's Token Recycling fallback (it learns from target logits "
-                "at rejected tree nodes); set +drafter.fallback=none for SAM decoding alone, or use evaluator=engine"
-            )
-        check_replayable(drafter.fallback)
-        return
-    if not isinstance(drafter, _replayable_types()):
-        raise ReplayError(
-            f"evaluator=replay does not know whether drafter {type(drafter).__name__} can be replayed; "
-            "supported: pld, samd (fallback none), draft_model, self, eagle. Use evaluator=engine, or set "
-            "replayable = True on the class if its proposals depend only on the context and target features"
-        )
+    raise ReplayError(
+        drafter.capabilities.replay_refusal
+        or f"evaluator=replay does not know whether drafter {type(drafter).__name__} can be replayed; "
+        "supported: pld, samd (fallback none), draft_model, self, eagle. Use evaluator=engine, or declare "
+        "capabilities = DrafterCapabilities(replayable=True, ...) on the class if its proposals depend only "
+        "on the context and target features"
+    )
 
 
 # ----------------------------------------------------------------------------- batched greedy
@@ -295,7 +271,7 @@ def replay_stats(
         return stats
     seq = torch.tensor(prompt.tolist() + y, dtype=torch.long)
     drafter.reset(prompt)
-    if drafter.needs_prefill_feedback:
+    if drafter.capabilities.prefill_feedback:
         if features is None or prefill_logits is None:
             raise ReplayError(f"{type(drafter).__name__} needs the target's features; pass features= and prefill_logits=")
         drafter.prefill_feedback(prompt, prefill_logits, features[:P])
@@ -448,7 +424,7 @@ class ReplayEvaluator(PromptSetEvaluator):
         order = self._check_prompt_ids(prompt_ids)
         drafter = self.drafter_factory()
         check_replayable(drafter)
-        keep_hidden = bool(drafter is not None and drafter.needs_prefill_feedback)
+        keep_hidden = bool(drafter is not None and drafter.capabilities.prefill_feedback)
         outputs: list[str] = []
         tokens: list[list[int]] = []
         stats: list[DecodeStats] = []

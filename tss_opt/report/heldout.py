@@ -286,7 +286,7 @@ def run_heldout(
     lossy = [name for name, v in verifiers.items() if v is not None and mapping.entry_for(name).skip_set]  # type: ignore[union-attr]
     if lossy:
         probe = drafter_factory()  # refuse before hours of measurement, not at the lossy domain
-        if not getattr(probe, "gives_distribution", False):
+        if probe is None or not probe.capabilities.distribution:
             err = refuse_drafter(verifiers[lossy[0]].mode, drafter or type(probe).__name__)  # type: ignore[union-attr]
             raise ReportError(
                 f"the mapping entries of {', '.join(lossy)} are lossy and are measured under their rule: {err} "
