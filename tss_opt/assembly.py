@@ -39,6 +39,7 @@ __all__ = [
     "relaxed_settings",
     "base_protocol",
     "compose_config",
+    "configured_evaluator",
     "decode_protocol",
     "serving_protocol",
     "drafter_config",
@@ -293,7 +294,36 @@ def build_replay_evaluator(
     )
 
 
-def validation_evaluator(cfg: DictConfig, evaluator: Any) -> Any | None:
+def configured_evaluator(
+    cfg: DictConfig,
+    runtime: Assembly | None = None,
+    split: str | None = None,
+    domain: Domain | None = None,
+) -> Any:
+    """The evaluator ``cfg.evaluator`` names (``_target_`` plus its settings): the one place
+    a command builds its trial evaluator from the configuration.
+
+    The factory is called with ``cfg=`` and the group's settings; ``runtime``, ``split`` and
+    ``domain`` are passed when given and the factory takes them (the shipped factories do:
+    one loaded model, one loaded domain). A custom factory without a ``split`` parameter
+    cannot serve another split: ``None`` then.
+    """
+    import inspect
+
+    import hydra.utils
+
+    ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
+    assert isinstance(ev_cfg, dict)
+    factory = hydra.utils.get_method(str(ev_cfg.pop("_target_")))
+    params = inspect.signature(factory).parameters
+    if split is not None and "split" not in params:
+        return None
+    given = {"runtime": runtime, "split": split, "domain": domain}
+    kwargs = {k: v for k, v in given.items() if v is not None and k in params}
+    return factory(cfg=cfg, **kwargs, **ev_cfg)
+
+
+def validation_evaluator(cfg: DictConfig, evaluator: Any, domain: Domain | None = None) -> Any | None:
     """The evaluator of the domain's validation split, sharing ``evaluator``'s loaded model.
 
     The default evaluator is re-aimed at the validation prompts (:meth:`on_examples`); a
@@ -301,25 +331,14 @@ def validation_evaluator(cfg: DictConfig, evaluator: Any) -> Any | None:
     ``split`` argument. ``None`` when neither applies (the search result is then exported
     without validation, and the caller says so).
     """
-    import inspect
-
-    import hydra.utils
-
-    from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
-
-    domain = require_domain(cfg)
+    domain = domain or require_domain(cfg)
     n = check_prompts(cfg.search.get("validation_prompts"), "search.validation_prompts")
     examples = domain.split("validation")[: n or None]
     if not examples:
         return None
-    if isinstance(evaluator, SpecDecodeEvaluator) or hasattr(evaluator, "on_examples"):
+    if hasattr(evaluator, "on_examples"):
         return evaluator.on_examples(examples)
-    ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
-    assert isinstance(ev_cfg, dict)
-    factory = hydra.utils.get_method(ev_cfg.pop("_target_"))
-    if "split" not in inspect.signature(factory).parameters:
-        return None
-    return factory(cfg=cfg, split="validation", **ev_cfg)
+    return configured_evaluator(cfg, split="validation", domain=domain)
 
 
 def build_verifier(cfg: DictConfig, drafter_cfg: dict[str, Any] | None = None) -> Verifier:
@@ -372,11 +391,12 @@ def search_settings(cfg: DictConfig) -> SearchSettings:
     return SearchSettings(**{k: v for k, v in values.items() if k in names})
 
 
-def protocol(cfg: DictConfig) -> dict[str, Any]:
-    """What one trial measures (:data:`tss_opt.search.identity.PROTOCOL_KEYS`)."""
+def protocol(cfg: DictConfig, domain: Domain | None = None) -> dict[str, Any]:
+    """What one trial measures (:data:`tss_opt.search.identity.PROTOCOL_KEYS`); ``domain``:
+    the loaded domain (default: loaded from ``cfg``)."""
     from tss_opt.models import as_model_config
 
-    domain = require_domain(cfg)
+    domain = domain or require_domain(cfg)
     mc = as_model_config(model_config(cfg))
     proto = {
         "prompts": min(check_prompts(cfg.search.prompts) or domain.config.calibration_size, domain.config.calibration_size),
@@ -407,20 +427,21 @@ def _verification_label(cfg: DictConfig) -> str:
     return settings_label(str(cfg.get("verification") or "exact"), relaxed_settings(cfg))
 
 
-def study_identity(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
+def study_identity(cfg: DictConfig, domain: Domain | None = None) -> tuple[str, dict[str, Any]]:
     """The study name and metadata a configuration maps to (no model is loaded).
 
     The name carries a hash of the search settings (:func:`tss_opt.search.study_name_for`) and
     one of the protocol, so changing either starts a new study instead of mixing measurements.
+    ``domain``: the loaded domain (default: loaded from ``cfg``).
     """
     from tss_opt.models import as_model_config, model_id_for
     from tss_opt.search.identity import protocol_hash, study_name_for
 
-    domain = require_domain(cfg)
+    domain = domain or require_domain(cfg)
     mc = as_model_config(model_config(cfg))
     drafter = drafter_config(cfg)
     settings = search_settings(cfg)
-    proto = protocol(cfg)
+    proto = protocol(cfg, domain)
     name = cfg.get("study_name") or study_name_for(
         domain=domain.name, model=mc.name, drafter=str(drafter.get("name")), split=cfg.split, settings=settings
     ) + f".p{protocol_hash(proto)}"

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.assembly import assemble, require_domain
+from tss_opt.assembly import assemble, configured_evaluator, require_domain
 from tss_opt.cli.common import hydra_entry
 from tss_opt.errors import UsageError
 
@@ -127,25 +127,11 @@ def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
     """
     from tss_opt.search.memo import MemoEvaluator, memoizable
 
-    evaluator = _configured_evaluator(cfg, runtime)
+    evaluator = configured_evaluator(cfg, runtime=runtime)
     if memoizable(evaluator):
         return MemoEvaluator(evaluator)
     log.info("evaluator is not greedy: every study measures its own trials")
     return evaluator
-
-
-def _configured_evaluator(cfg: DictConfig, runtime: Any) -> Any:
-    import inspect
-
-    import hydra.utils
-
-    ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
-    assert isinstance(ev_cfg, dict)
-    target = ev_cfg.pop("_target_")
-    factory = hydra.utils.get_method(target)
-    if "runtime" in inspect.signature(factory).parameters:  # the shipped factories: one model
-        return factory(cfg=cfg, runtime=runtime, **ev_cfg)
-    return factory(cfg=cfg, **ev_cfg)
 
 
 def compare(cfg: DictConfig) -> list[Any]:
