@@ -20,6 +20,7 @@ from tss_opt.config import SearchSettings, config_dir
 from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
+    from tss_opt.config import ModelConfig
     from tss_opt.decoding import Drafter, TargetModel
     from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.decoding.verify.relaxed import Verifier
@@ -45,6 +46,7 @@ __all__ = [
     "drafter_config",
     "max_new_tokens_for",
     "model_config",
+    "model_settings",
     "protocol",
     "require_domain",
     "search_settings",
@@ -80,6 +82,14 @@ def model_config(cfg: DictConfig) -> DictConfig:
     if cfg.get("dtype"):
         mc["dtype"] = cfg.dtype
     return OmegaConf.create(mc)
+
+
+def model_settings(cfg: DictConfig) -> ModelConfig:
+    """The configured model as a typed :class:`~tss_opt.config.ModelConfig` (shortcuts applied,
+    checked against the schema): what the library below takes."""
+    from tss_opt.models import as_model_config
+
+    return as_model_config(model_config(cfg))
 
 
 def require_domain(cfg: DictConfig) -> Domain:
@@ -169,7 +179,7 @@ def assemble(cfg: DictConfig) -> Assembly:
     from tss_opt.decoding import TargetModel
     from tss_opt.models import load_model
 
-    loaded = load_model(model_config(cfg))
+    loaded = load_model(model_settings(cfg))
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
     return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
 
@@ -394,10 +404,8 @@ def search_settings(cfg: DictConfig) -> SearchSettings:
 def protocol(cfg: DictConfig, domain: Domain | None = None) -> dict[str, Any]:
     """What one trial measures (:data:`tss_opt.search.identity.PROTOCOL_KEYS`); ``domain``:
     the loaded domain (default: loaded from ``cfg``)."""
-    from tss_opt.models import as_model_config
-
     domain = domain or require_domain(cfg)
-    mc = as_model_config(model_config(cfg))
+    mc = model_settings(cfg)
     proto = {
         "prompts": min(check_prompts(cfg.search.prompts) or domain.config.calibration_size, domain.config.calibration_size),
         "max_new_tokens": max_new_tokens_for(cfg, domain),
@@ -434,11 +442,11 @@ def study_identity(cfg: DictConfig, domain: Domain | None = None) -> tuple[str, 
     one of the protocol, so changing either starts a new study instead of mixing measurements.
     ``domain``: the loaded domain (default: loaded from ``cfg``).
     """
-    from tss_opt.models import as_model_config, model_id_for
+    from tss_opt.models import model_id_for
     from tss_opt.search.identity import protocol_hash, study_name_for
 
     domain = domain or require_domain(cfg)
-    mc = as_model_config(model_config(cfg))
+    mc = model_settings(cfg)
     drafter = drafter_config(cfg)
     settings = search_settings(cfg)
     proto = protocol(cfg, domain)
