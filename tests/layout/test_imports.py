@@ -2,8 +2,10 @@
 
 - No library module imports ``tss_opt.cli``: commands are thin wrappers over the library.
 - No import cycle between packages (each folder under ``tss_opt/`` is a package with its
-  subpackages; a top-level module such as ``tss_opt/assembly.py`` is a unit of its own). Imports inside functions
+  subpackages; a top-level module such as ``tss_opt/errors.py`` is a unit of its own). Imports inside functions
   count too; imports under ``if TYPE_CHECKING:`` do not (they never run).
+- No import cycle between any two modules (strongly connected components of the module graph;
+  ``from pkg import name`` is an edge to ``pkg/__init__``).
 - ``import tss_opt.config`` loads no torch, transformers, optuna, sqlalchemy or metric library.
 """
 
