@@ -82,3 +82,13 @@ def test_replay_refuses_a_relaxed_rule_in_the_protocol(tiny):
     with pytest.raises(ReplayError, match="verification=diversed.*evaluator=engine"):
         ReplayEvaluator(*args, protocol=DecodeProtocol(verification="diversed"))
     assert ReplayEvaluator(*args, protocol=DecodeProtocol(max_new_tokens=4)).max_new_tokens == 4
+
+
+def test_protocols_with_other_rules_differ_and_a_mode_name_becomes_a_verifier():
+    from tss_opt.decoding.verify.relaxed import Verifier
+
+    exact, relaxed = DecodeProtocol(), DecodeProtocol(verification="diversed")
+    assert isinstance(exact.verification, Verifier) and exact.verification.describe() == "exact"
+    assert exact != relaxed and relaxed.verifier.lossy
+    assert exact == DecodeProtocol(verification=Verifier())
+    assert hash(exact) == hash(relaxed)  # hashable: the (mutable) rule is left out of the hash

@@ -50,8 +50,9 @@ class DecodeProtocol:
     eos_token_ids: tuple[int, ...] = ()
     system_prompt: str | None = None
     reuse_prefill: bool = True
-    # A Verifier may hold a learned policy: compared by identity, never hashed by value.
-    verification: Verifier | str = field(default="exact", compare=False)
+    # A mode name becomes a Verifier (__post_init__); a Verifier is mutable, so it takes part
+    # in equality but not in the hash.
+    verification: Verifier | str = field(default="exact", hash=False)
 
     def __post_init__(self) -> None:
         # Normalise what callers commonly pass (lists of stop tokens, numpy ints) so that two
@@ -59,6 +60,10 @@ class DecodeProtocol:
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
         object.__setattr__(self, "temperature", float(self.temperature))
+        if isinstance(self.verification, str):
+            from tss_opt.decoding.verify.relaxed import Verifier
+
+            object.__setattr__(self, "verification", Verifier(mode=self.verification))  # type: ignore[arg-type]
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"max_new_tokens={self.max_new_tokens} is invalid; expected an integer >= 1 (tokens generated per prompt)"
