@@ -2,8 +2,10 @@
 
 - No library module imports ``tss_opt.cli``: commands are thin wrappers over the library.
 - No import cycle between packages (each folder under ``tss_opt/`` is a package with its
-  subpackages; a top-level module such as ``tss_opt/assembly.py`` is a unit of its own). Imports inside functions
+  subpackages; a top-level module such as ``tss_opt/errors.py`` is a unit of its own). Imports inside functions
   count too; imports under ``if TYPE_CHECKING:`` do not (they never run).
+- No import cycle between any two modules (strongly connected components of the module graph;
+  ``from pkg import name`` is an edge to ``pkg/__init__``).
 - ``import tss_opt.config`` loads no torch, transformers, optuna, sqlalchemy or metric library.
 """
 
@@ -148,3 +150,93 @@ def test_config_import_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def _module_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``edges`` restricted to project modules, with ``from pkg import name`` (``name``
+    defined in ``pkg/__init__.py``) already an edge to ``pkg`` itself (``_imports`` adds the
+    package; the submodule only when one of that name exists)."""
+    modules = set(edges) | {i for imports in edges.values() for i in imports}
+    return {m: {i for i in edges.get(m, ()) if i in modules and i != m} for m in modules}
+
+
+def _module_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted; a
+    child importing its own package's ``__init__`` while that ``__init__`` imports the
+    child counts too (it is a real import-time circle)."""
+    graph = _module_graph(edges)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return sorted(out)
+
+
+# The search helper's branch breaks this circle (issue 19); remove the entry after merging it.
+KNOWN_SEARCH_CYCLE = ["tss_opt.search.optuna_strategy", "tss_opt.search.result", "tss_opt.search.strategy_result"]
+
+
+def test_no_import_cycle_between_modules() -> None:
+    cycles = _module_cycles(_graph())
+    if KNOWN_SEARCH_CYCLE in cycles:
+        rest = [c for c in cycles if c != KNOWN_SEARCH_CYCLE]
+        assert rest == []
+        pytest.xfail(f"known search/ cycle {KNOWN_SEARCH_CYCLE} (issue 19, the search helper's branch)")
+    assert cycles == []
+
+
+def test_module_cycle_check_can_fail() -> None:
+    # A planted circle inside one package, one through a package __init__, and a chain that is
+    # no circle: only the two circles are found.
+    edges = {
+        "tss_opt.decoding.drafters.registry": {"tss_opt.decoding.drafters.taps"},
+        "tss_opt.decoding.drafters.taps": {"tss_opt.decoding.drafters.registry", "tss_opt.decoding.tree"},
+        "tss_opt.evaluation": {"tss_opt.evaluation.evaluator"},
+        "tss_opt.evaluation.evaluator": {"tss_opt.evaluation"},
+        "tss_opt.decoding.tree": set(),
+        "tss_opt.report.tables": {"tss_opt.report.results"},
+    }
+    assert _module_cycles(edges) == [
+        ["tss_opt.decoding.drafters.registry", "tss_opt.decoding.drafters.taps"],
+        ["tss_opt.evaluation", "tss_opt.evaluation.evaluator"],
+    ]
+    assert _module_cycles({k: v for k, v in edges.items() if k != "tss_opt.evaluation"}) == [
+        ["tss_opt.decoding.drafters.registry", "tss_opt.decoding.drafters.taps"],
+    ]
+
+
+def test_from_package_import_name_is_an_edge_to_the_package() -> None:
+    # `from tss_opt.decoding import TargetModel` (a name of decoding/__init__) is an edge to
+    # the package module tss_opt.decoding; `from tss_opt.decoding import engine` also to the
+    # submodule.
+    tree = ast.parse("from tss_opt.decoding import TargetModel\nfrom tss_opt.decoding import engine\n")
+    assert _imports(tree, "tss_opt.report.heldout") == {"tss_opt.decoding", "tss_opt.decoding.engine"}

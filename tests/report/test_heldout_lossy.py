@@ -78,7 +78,7 @@ def test_lossy_entry_is_measured_under_its_rule_and_labelled(tiny, mapping, tmp_
 
 def test_bad_lossy_entries_are_refused_before_measuring(tiny, mapping, tmp_path):
     domains = [_domain(tmp_path, "qa", "token_f1")]
-    with pytest.raises(ReportError, match="lossy.*'pld'.*draft_model, self, t2d, eagle"):
+    with pytest.raises(ReportError, match="lossy.*'pld'.*draft_model, eagle, self, t2d"):
         run_heldout(TargetModel(tiny.model), tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=3), mapping,
                     domains, model_id=TINY_ID, drafter="pld", prompts=2, show_progress=False)
     label_only = mapping.with_entry(replace(mapping.entry_for("qa"), relaxed=None))

@@ -75,7 +75,7 @@ def test_config_builds_the_verifier_and_refuses_pld():
     cs = build_verifier(compose_config(["verification=cospec", "drafter=self", "drafter.skip=[1]"]))
     assert isinstance(cs.policy, ThresholdPolicy)
     for mode in ("diversed", "cospec"):
-        with pytest.raises(RelaxedVerificationError, match="'pld'.*draft_model, self"):
+        with pytest.raises(RelaxedVerificationError, match="'pld'.*draft_model, eagle, self"):
             build_verifier(compose_config([f"verification={mode}", "drafter=pld"]))
     with pytest.raises(RelaxedVerificationError, match=r"\[0, 1\]"):
         build_verifier(compose_config(["verification=diversed", "relaxed.weight=2", "drafter=self", "drafter.skip=[1]"]))

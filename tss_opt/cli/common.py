@@ -104,6 +104,3 @@ def setup(cfg: DictConfig) -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
-
-# Configs written before tss_opt.assembly existed name this path as evaluator._target_.
-from tss_opt.assembly import build_evaluator as build_evaluator  # noqa: E402

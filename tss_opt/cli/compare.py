@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.assembly import assemble, require_domain
+from tss_opt.assembly import assemble, configured_evaluator, require_domain
 from tss_opt.cli.common import hydra_entry
 from tss_opt.errors import UsageError
 
@@ -69,6 +69,7 @@ class HeldoutSets:
             self.sets.append(frozenset(skip))
 
     def measure(self) -> None:
+        from tss_opt.assembly import base_protocol
         from tss_opt.report.heldout import measure_interleaved
 
         if self.prompts <= 0:
@@ -78,8 +79,8 @@ class HeldoutSets:
         results = measure_interleaved(
             rt.target, rt.loaded.tokenizer, rt.new_drafter, self.domain,
             [(str(sorted(s)), s, None) for s in self.sets],
-            prompts=self.prompts, max_new_tokens=self.max_new_tokens, scope=str(self.cfg.scope),
-            temperature=float(self.cfg.temperature), eos_token_ids=rt.eos_token_ids, warmup=True, show_progress=True,
+            protocol=base_protocol(self.cfg, rt.eos_token_ids), prompts=self.prompts,
+            max_new_tokens=self.max_new_tokens, warmup=True, show_progress=True,
         )
         for s, r in zip(self.sets, results, strict=True):
             self.done[s] = {"accept_length": r.accept_length, "metric": r.metric, "tokens_per_s": r.tokens_per_s}
@@ -129,25 +130,11 @@ def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
     """
     from tss_opt.search.memo import MemoEvaluator, memoizable
 
-    evaluator = _configured_evaluator(cfg, runtime)
+    evaluator = configured_evaluator(cfg, runtime=runtime)
     if memoizable(evaluator):
         return MemoEvaluator(evaluator)
     log.info("evaluator is not greedy: every study measures its own trials")
     return evaluator
-
-
-def _configured_evaluator(cfg: DictConfig, runtime: Any) -> Any:
-    import inspect
-
-    import hydra.utils
-
-    ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
-    assert isinstance(ev_cfg, dict)
-    target = ev_cfg.pop("_target_")
-    factory = hydra.utils.get_method(target)
-    if "runtime" in inspect.signature(factory).parameters:  # the shipped factories: one model
-        return factory(cfg=cfg, runtime=runtime, **ev_cfg)
-    return factory(cfg=cfg, **ev_cfg)
 
 
 def compare(cfg: DictConfig) -> list[Any]:

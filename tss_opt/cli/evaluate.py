@@ -17,6 +17,7 @@ from tss_opt.assembly import (
     assemble,
     build_evaluator,
     check_prompts,
+    decode_protocol,
     max_new_tokens_for,
     require_domain,
 )
@@ -49,8 +50,10 @@ def evaluate(cfg: DictConfig) -> EvalResult:
     if not (cfg.get("max_new_tokens") is not None or _given(cfg, "search.max_new_tokens")):
         max_new = domain.config.max_new_tokens
     rt = assemble(cfg)
-    ev = build_evaluator(cfg, runtime=rt, prompts=prompts or len(domain.split(cfg.split)))
-    ev.max_new_tokens = max_new
+    protocol = decode_protocol(cfg, domain, rt.eos_token_ids, rt.drafter_cfg).replace(max_new_tokens=max_new)
+    ev = build_evaluator(
+        cfg, runtime=rt, prompts=prompts or len(domain.split(cfg.split)), protocol=protocol, domain=domain
+    )
     r = ev.evaluate(frozenset(cfg.skip))
     print(
         f"| domain | model | drafter | dtype | split | prompts | tokens | skip | accepted length | {ev.metric_name} | cost | tok/s |"

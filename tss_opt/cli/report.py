@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.assembly import assemble
+from tss_opt.assembly import assemble, base_protocol
 from tss_opt.cli.common import hydra_entry
 from tss_opt.config.search_path import domain_config_dirs
 from tss_opt.errors import UsageError
@@ -87,9 +87,8 @@ def report(cfg: DictConfig) -> HeldoutReport:
     )
     result = run_heldout(
         rt.target, rt.loaded.tokenizer, rt.new_drafter, mapping, domains,
-        model_id=rt.loaded.model_id, drafter=drafter, prompts=cfg.get("heldout_prompts"),
-        max_new_tokens=cfg.get("max_new_tokens"), scope=str(cfg.scope), temperature=float(cfg.temperature),
-        eos_token_ids=rt.eos_token_ids, level=level,
+        model_id=rt.loaded.model_id, drafter=drafter, protocol=base_protocol(cfg, rt.eos_token_ids),
+        prompts=cfg.get("heldout_prompts"), max_new_tokens=cfg.get("max_new_tokens"), level=level,
         resamples=int(cfg.get("report_bootstrap", 2000)), seed=int(cfg.get("report_seed", 0)),
         eps_metric=float(cfg.search.eps_metric), relative=bool(cfg.search.relative),
     )

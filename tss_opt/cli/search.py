@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import hydra.utils
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from tss_opt.assembly import search_settings, study_identity
+from tss_opt.assembly import (
+    configured_evaluator,
+    require_domain,
+    search_settings,
+    study_identity,
+    validation_evaluator,
+)
 from tss_opt.config import SearchSettings
 from tss_opt.search import SearchResult, run_search
+from tss_opt.search.checks import check_on_validation
 from tss_opt.search.identity import check_stored_study
+
+if TYPE_CHECKING:
+    from tss_opt.evaluation.domains import Domain
 
 log = logging.getLogger("tss_opt.cli")
 
@@ -33,7 +42,8 @@ def search(cfg: DictConfig) -> SearchResult:
     from tss_opt.mapping import export_mapping
     from tss_opt.storage import open_storage, storage_url
 
-    name, metadata = study_identity(cfg)
+    domain = require_domain(cfg)  # loaded once for the identity, the evaluator and validation
+    name, metadata = study_identity(cfg, domain)
     settings = search_settings(cfg)
     if cfg.search.get("note"):
         log.warning("%s", effective_note(cfg, metadata["protocol"], settings))
@@ -41,72 +51,40 @@ def search(cfg: DictConfig) -> SearchResult:
     check_stored_study(storage, name, settings, metadata)  # fail before loading the model
     log.info("study %s (storage %s)", name, storage_url(cfg.storage))
 
-    ev_cfg = OmegaConf.to_container(cfg.evaluator, resolve=True)
-    target = ev_cfg.pop("_target_")
-    evaluator = hydra.utils.get_method(target)(cfg=cfg, **ev_cfg)
+    evaluator = configured_evaluator(cfg, domain=domain)
     metadata["model"] = getattr(evaluator, "model_id", metadata["model"])
 
     t0 = time.perf_counter()
     result = run_search(evaluator, settings, storage=cfg.storage, study_name=name, metadata=metadata)
     print(format_result(result, time.perf_counter() - t0))
-    validate(cfg, result, evaluator, storage)
+    validate(cfg, result, evaluator, storage, domain)
     if cfg.write_mapping:
         entry = export_mapping(cfg.storage, name, cfg.mapping_path)
         print(f"mapping: {cfg.mapping_path} [{metadata['domain']}] -> skip {sorted(entry.skip_set)}")
     return result
 
 
-def validate(cfg: DictConfig, result: SearchResult, evaluator: Any, storage: Any) -> None:
+def validate(cfg: DictConfig, result: SearchResult, evaluator: Any, storage: Any, domain: Domain | None = None) -> None:
     """Check the K cheapest feasible candidates on the validation split before the mapping is
-    written (issue 10): the mapping gets the cheapest that passes, or dense with the reason.
+    written (issue 10; :func:`tss_opt.search.checks.check_on_validation`)."""
+    domain = domain or require_domain(cfg)
 
-    Runs once per study: a worker that finds the outcome stored already reuses it.
-    """
-    import optuna
+    def unavailable() -> str:
+        if not domain.split("validation"):
+            return "the domain has no validation prompts (validation_size: 0)"
+        return "the evaluator cannot run the validation split (its factory takes no `split`)"
 
-    from tss_opt.assembly import validation_evaluator
-    from tss_opt.search import validate_candidates
-    from tss_opt.search.validation import VALIDATION_ATTR, store_validation
+    def for_validation() -> Any:
+        release = getattr(evaluator, "release_prefills", None)
+        if callable(release):  # the calibration prompts' prefills go before validation keeps its own
+            release()
+        return validation_evaluator(cfg, evaluator, domain)
 
-    k = int(cfg.search.get("validation_candidates") or 0)
-    if k < 1:
-        log.warning("validation skipped (search.validation_candidates=%s): the mapping takes S* unchecked", k)
-        return
-    stored = optuna.load_study(study_name=result.study_name, storage=storage).user_attrs.get(VALIDATION_ATTR)
-    if stored is not None:
-        print(f"validation (stored): {_validation_line(stored)}")
-        return
-    if not result.best and not [c for c in result.pareto if c]:
-        log.info("validation: nothing to validate (S* is dense)")
-        return
-    release = getattr(evaluator, "release_prefills", None)
-    if callable(release):  # the calibration prompts' prefills go before validation keeps its own
-        release()
-    ev = validation_evaluator(cfg, evaluator)
-    if ev is None:
-        from tss_opt.assembly import require_domain
-
-        why = (
-            "the domain has no validation prompts (validation_size: 0)"
-            if not require_domain(cfg).split("validation")
-            else "the evaluator cannot run the validation split (its factory takes no `split`)"
-        )
-        log.warning("validation skipped: %s; the mapping takes S* unchecked", why)
-        return
-    t0 = time.perf_counter()
-    log.info("validation: the %d cheapest feasible candidates and dense on %d validation prompts", k, ev.num_prompts if hasattr(ev, "num_prompts") else -1)
-    outcome = validate_candidates(result, ev, k)
-    store_validation(storage, result.study_name, outcome)
-    print(f"validation ({(time.perf_counter() - t0) / 60:.1f} min): {_validation_line(outcome.to_dict())}")
-
-
-def _validation_line(v: dict[str, Any]) -> str:
-    chosen = v.get("chosen") or []
-    checked = ", ".join(
-        f"{c.get('skip_set')}: {'pass' if c.get('passed') else 'fail'}" for c in v.get("candidates", [])
+    line = check_on_validation(
+        result, storage, int(cfg.search.get("validation_candidates") or 0), for_validation, unavailable
     )
-    head = f"dense kept ({v.get('reason')})" if not chosen else f"chosen {chosen}"
-    return f"{head}; checked {checked or 'none'}"
+    if line is not None:
+        print(line)
 
 
 def format_result(result: SearchResult, wall_s: float) -> str:

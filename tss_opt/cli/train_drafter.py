@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.assembly import Assembly, assemble, drafter_config, model_config, require_domain
+from tss_opt.assembly import Assembly, assemble, drafter_config, model_settings, require_domain
 from tss_opt.cli.common import EXIT_INTERRUPTED, hydra_entry
 from tss_opt.config.train import TrainSettings
 from tss_opt.errors import UsageError
@@ -106,7 +106,7 @@ def _probe_prompts(domains: list[Any], tokenizer: Any, n: int) -> list[Any]:
 
 def train_eagle_command(cfg: DictConfig, settings: TrainSettings, drafter: dict[str, Any], runtime: Assembly | None = None) -> Any:
     """Prepare the text, extract features, train, print a summary; returns the result."""
-    from tss_opt.models import as_model_config, model_id_for
+    from tss_opt.models import model_id_for
     from tss_opt.training import TrainingInterrupted, build_training_text, domain_text, train_eagle
 
     label, domains = training_domains(cfg, settings)
@@ -121,7 +121,7 @@ def train_eagle_command(cfg: DictConfig, settings: TrainSettings, drafter: dict[
     t0 = time.perf_counter()
     text = build_training_text(
         rt.target, rt.loaded.tokenizer, texts, settings, rt.eos_token_ids,
-        cache_dir=base / ".cache", model_key=model_id_for(as_model_config(model_config(cfg))),
+        cache_dir=base / ".cache", model_key=model_id_for(model_settings(cfg)),
     )
     features = text.features
     prep_s = time.perf_counter() - t0

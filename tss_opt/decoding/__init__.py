@@ -12,13 +12,14 @@ would make this package import its own ``drafters`` subpackage, which imports th
 import importlib
 from typing import Any
 
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.engine import (
     SCOPES,
     GenerationResult,
     NoDrafter,
     SpeculativeEngine,
 )
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.skip import SkipController, SkipError, validate_skip
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import ContextLengthError, TargetModel
@@ -29,9 +30,11 @@ __all__ = [
     "build_drafter",
     "SCOPES",
     "ContextLengthError",
+    "DecodeProtocol",
     "DecodeStats",
     "DraftTree",
     "Drafter",
+    "DrafterCapabilities",
     "GenerationResult",
     "NoDrafter",
     "SkipController",

@@ -28,10 +28,6 @@ class SkipAwareCache(DynamicCache):
         return self.get_seq_length() + query_length, 0
 
 
-def layer_lengths(cache: DynamicCache) -> list[int]:
-    return [layer.get_seq_length() if getattr(layer, "is_initialized", False) else 0 for layer in cache.layers]
-
-
 def crop_to(cache: DynamicCache, length: int) -> None:
     """Cut every layer longer than ``length`` back to ``length`` tokens (absolute, per layer)."""
     for layer in cache.layers:

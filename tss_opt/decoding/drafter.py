@@ -2,13 +2,18 @@
 
 A drafter is as easy to add as transformers' ``CandidateGenerator``: subclass
 :class:`Drafter`, implement :meth:`Drafter.propose` (and, when it learns online,
-:meth:`Drafter.update`), and register it in :mod:`tss_opt.decoding.drafters.registry`.
+:meth:`Drafter.update`), declare what it can do in ``capabilities``
+(:class:`DrafterCapabilities`) and register it in :mod:`tss_opt.decoding.drafters.registry`.
+Everyone who needs to know what a drafter can do (relaxed verification, the replay
+evaluator, the engine, TAPS routing) reads ``capabilities``; nothing keeps a list of names.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +44,51 @@ class VerifyFeedback:
     root_token: int
 
 
+@dataclass(frozen=True)
+class DrafterCapabilities:
+    """What a drafter can do, declared once on its class (``capabilities = ...``) or, when
+    it depends on its parts (SAMD's fallback, TAPS members), set on the instance.
+
+    Attributes:
+        distribution: can attach its distribution to every node (``DraftTree.probs``) when
+            its ``return_probs`` attribute is True: relaxed verification needs it.
+        confidence: its trees carry ``DraftTree.confidence`` (per-node confidences); TAPS
+            confidence routing accepts only such members.
+        prefill_feedback: needs the target's hidden states of the prompt (EAGLE).
+        replayable: its proposals depend only on the context and on target features of
+            committed tokens, so ``evaluator=replay`` reproduces the engine exactly.
+        replay_refusal: why ``evaluator=replay`` cannot reproduce it and what to do instead
+            (the error message; empty: a generic one).
+    """
+
+    distribution: bool = False
+    confidence: bool = False
+    prefill_feedback: bool = False
+    replayable: bool = False
+    replay_refusal: str = ""
+
+
+# The attribute names drafters used before ``capabilities`` (still read and settable).
+_FLAGS = {
+    "needs_prefill_feedback": "prefill_feedback",
+    "gives_confidence": "confidence",
+    "gives_distribution": "distribution",
+    "replayable": "replayable",
+}
+
+
+def _flag(field_name: str, doc: str) -> property:
+    """A boolean view of one capability; setting it replaces the instance's capabilities."""
+
+    def get(self: Drafter) -> bool:
+        return bool(getattr(self.capabilities, field_name))
+
+    def put(self: Drafter, value: bool) -> None:
+        self.capabilities = dataclasses.replace(self.capabilities, **{field_name: bool(value)})
+
+    return property(get, put, doc=doc)
+
+
 class Drafter(ABC):
     """Proposes candidate tokens for the current context.
 
@@ -46,14 +96,29 @@ class Drafter(ABC):
     :meth:`update`. Drafters never change the target's weights or its skip set.
     """
 
-    #: Set by drafters that need the target's hidden states of the prompt (EAGLE).
-    needs_prefill_feedback: bool = False
-    #: Set by drafters whose trees carry ``DraftTree.confidence`` (per-node confidences);
-    #: confidence routing (``drafter=routed``) accepts only such members.
-    gives_confidence: bool = False
-    #: Set by drafters that can attach their distribution to every node (``DraftTree.probs``)
-    #: when their ``return_probs`` attribute is True: relaxed verification needs it.
-    gives_distribution: bool = False
+    #: What this drafter can do (:class:`DrafterCapabilities`); subclasses override it.
+    capabilities: DrafterCapabilities = DrafterCapabilities()
+
+    #: Views of ``capabilities`` under their former names: a subclass that still declares
+    #: ``gives_confidence = True`` (and the like) as a class attribute has it folded into its
+    #: ``capabilities`` (:meth:`__init_subclass__`).
+    needs_prefill_feedback = _flag("prefill_feedback", "``capabilities.prefill_feedback``")
+    gives_confidence = _flag("confidence", "``capabilities.confidence``")
+    gives_distribution = _flag("distribution", "``capabilities.distribution``")
+    replayable = _flag("replayable", "``capabilities.replayable``")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = {
+            field: bool(cls.__dict__[name])
+            for name, field in _FLAGS.items()
+            if isinstance(cls.__dict__.get(name), bool)
+        }
+        if declared:
+            for name in _FLAGS:
+                if isinstance(cls.__dict__.get(name), bool):
+                    delattr(cls, name)  # the inherited view reads capabilities instead
+            cls.capabilities = dataclasses.replace(cls.capabilities, **declared)
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new request.
@@ -98,3 +163,12 @@ class Drafter(ABC):
                 last prompt position only (projecting every prompt position costs too much).
             hidden: ``torch.FloatTensor`` of shape ``(prompt_len, hidden)``.
         """
+
+
+class NoDrafter(Drafter):
+    """Proposes nothing: every step commits exactly the target's next token (plain decoding)."""
+
+    capabilities = DrafterCapabilities(replayable=True)
+
+    def propose(self, context: torch.Tensor) -> DraftTree:
+        return DraftTree.empty()

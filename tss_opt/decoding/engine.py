@@ -19,7 +19,7 @@ import torch
 from tss_opt.config.enums import Scope
 from tss_opt.decoding.budget import draft_depth_limit, prune_depth
 from tss_opt.decoding.cache import keep_accepted
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, NoDrafter, VerifyFeedback
 from tss_opt.decoding.prefill import DensePrefill
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
@@ -37,13 +37,6 @@ SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)
 # Called with the tokens a step committed (``torch.LongTensor`` of shape ``(k,)``); returning
 # True stops the request after that step (a server's cancel or stop-string check).
 StepHook = Callable[[torch.Tensor], "bool | None"]
-
-
-class NoDrafter(Drafter):
-    """Proposes nothing: every step commits exactly the target's next token (plain decoding)."""
-
-    def propose(self, context: torch.Tensor) -> DraftTree:
-        return DraftTree.empty()
 
 
 @dataclass

@@ -71,10 +71,6 @@ class SkipController:
         """The skip set in force now (empty outside any context)."""
         return self._stack[-1] if self._stack else frozenset()
 
-    @property
-    def active_layers(self) -> int:
-        return self.num_layers - len(self.active)
-
     @contextmanager
     def apply(self, skip: Iterable[int]) -> Iterator[frozenset[int]]:
         """Run the body with ``skip`` bypassed; the previous state returns on exit, always."""

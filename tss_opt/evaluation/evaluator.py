@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tss_opt.decoding.drafter import Drafter
-from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.prefill import DensePrefill, PrefillStore, dense_prefill
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.verify.relaxed import Verifier
@@ -145,11 +145,11 @@ def check_prompt_ids(prompt_ids: Iterable[int] | None, num_prompts: int) -> list
 
 
 class PromptSetEvaluator(ABC):
-    """What every trial evaluator over a fixed prompt list shares: its settings, the
+    """What every trial evaluator over a fixed prompt list shares: its decoding protocol, the
     tokenised prompts, ``num_prompts``, the contract's ``__call__``, :meth:`on_examples` and
     the scoring of a run (:func:`aggregate`).
 
-    Subclasses check their own settings, then call ``super().__init__``; they implement
+    Subclasses check their protocol, then call ``super().__init__``; they implement
     :meth:`evaluate` and add their own settings to :meth:`_options`.
 
     Args:
@@ -158,17 +158,12 @@ class PromptSetEvaluator(ABC):
         drafter_factory: builds a fresh drafter per evaluation.
         examples: the domain split to run (non-empty; the subclass checks it).
         metric: the objective metric; ``extra_metrics`` are reported beside it.
-        max_new_tokens: generation length per prompt.
-        scope: skip scope, ``"verify"`` (paper) or ``"all"``.
-        temperature: 0 for greedy decoding.
-        cost: which cost is the objective (``"analytic"`` or ``"measured"``).
-        eos_token_ids: stop tokens.
-        system_prompt: optional system message for chat templates.
+        protocol: how every prompt is decoded (length, scope, temperature, cost, stop
+            tokens, system prompt, prefill reuse, acceptance rule).
         show_progress: log progress per prompt (or batch).
-        reuse_prefill: keep dense prefills and start every evaluation from them
-            (``verify`` scope).
         prefill_store_gib: the byte budget of the kept prefills, in GiB (least recently used
-            evicted; ``None`` = ``decoding.prefill.DEFAULT_PREFILL_STORE_GIB``).
+            evicted; ``None`` = ``decoding.prefill.DEFAULT_PREFILL_STORE_GIB``). A resource
+            limit, not part of the protocol: outputs do not depend on it.
     """
 
     def __init__(
@@ -179,15 +174,9 @@ class PromptSetEvaluator(ABC):
         examples: Sequence[Example],
         metric: Metric,
         *,
-        extra_metrics: Sequence[Metric],
-        max_new_tokens: int,
-        scope: str,
-        temperature: float,
-        cost: str,
-        eos_token_ids: Sequence[int],
-        system_prompt: str | None,
-        show_progress: bool,
-        reuse_prefill: bool,
+        protocol: DecodeProtocol,
+        extra_metrics: Sequence[Metric] = (),
+        show_progress: bool = True,
         prefill_store_gib: float | None = None,
     ) -> None:
         self.target = target
@@ -196,35 +185,35 @@ class PromptSetEvaluator(ABC):
         self.examples = list(examples)
         self.metric = metric
         self.extra_metrics = list(extra_metrics)
-        self.max_new_tokens = max_new_tokens
-        self.scope = scope
-        self.temperature = temperature
-        self.cost = cost
-        self.eos_token_ids = tuple(eos_token_ids)
+        self.protocol = protocol
         self.show_progress = show_progress
         self.num_layers = target.num_layers
         self.metric_name = metric.name
         self.metric_higher_is_better = metric.higher_is_better
-        self.reuse_prefill = reuse_prefill
         self.prefill_store_gib = prefill_store_gib
         # Kept dense prefills under a byte budget (decoding/prefill.py); the subclass's keys.
         self._prefills: PrefillStore[Any, Any] = PrefillStore.from_gib(prefill_store_gib)
-        self.system_prompt = system_prompt
         # Tokenise once: every trial runs the same prompts.
-        self.prompt_tokens: list[torch.Tensor] = [format_prompt(tokenizer, ex, system_prompt) for ex in self.examples]
+        self.prompt_tokens: list[torch.Tensor] = [
+            format_prompt(tokenizer, ex, protocol.system_prompt) for ex in self.examples
+        ]
+
+    # The protocol's fields, read-only: an evaluator's protocol is fixed at construction
+    # (build another with ``protocol=ev.protocol.replace(...)``).
+    max_new_tokens = property(lambda self: self.protocol.max_new_tokens)
+    scope = property(lambda self: self.protocol.scope)
+    temperature = property(lambda self: self.protocol.temperature)
+    cost = property(lambda self: self.protocol.cost)
+    eos_token_ids = property(lambda self: self.protocol.eos_token_ids)
+    system_prompt = property(lambda self: self.protocol.system_prompt)
+    reuse_prefill = property(lambda self: self.protocol.reuse_prefill)
 
     def _options(self) -> dict[str, Any]:
         """The keyword arguments that rebuild this evaluator (on other prompts)."""
         return {
+            "protocol": self.protocol,
             "extra_metrics": self.extra_metrics,
-            "max_new_tokens": self.max_new_tokens,
-            "scope": self.scope,
-            "temperature": self.temperature,
-            "cost": self.cost,
-            "eos_token_ids": self.eos_token_ids,
-            "system_prompt": self.system_prompt,
             "show_progress": self.show_progress,
-            "reuse_prefill": self.reuse_prefill,
             "prefill_store_gib": self.prefill_store_gib,
         }
 
@@ -284,19 +273,15 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
             drafters (Token Recycling) start equal and same inputs give the same A and M.
         examples: the domain split to run.
         metric: the objective metric; ``extra_metrics`` are reported beside it.
-        max_new_tokens: generation length per prompt.
-        scope: skip scope, ``"verify"`` (paper) or ``"all"``.
-        cost: ``"analytic"`` (default) or ``"measured"``: which cost is the objective
-            (both are recorded).
-        eos_token_ids: stop tokens.
-        system_prompt: optional system message for chat templates.
+        protocol: the :class:`~tss_opt.decoding.protocol.DecodeProtocol` (default: its
+            defaults). ``cost`` says which cost is the objective (both are recorded);
+            ``reuse_prefill`` in ``"verify"`` scope prefills each prompt with the dense
+            target once and starts every evaluation from a copy (decoding/prefill.py; same
+            tokens, no prompt forward per trial; one KV cache per prompt is kept);
+            ``verification`` is the acceptance rule, and results carry its label and ``lossy``.
         show_progress: log one line per prompt.
-        reuse_prefill: in ``"verify"`` scope, prefill each prompt with the dense target once
-            and start every evaluation from a copy (decoding/prefill.py; same tokens, no
-            prompt forward per trial). Costs memory: one KV cache per prompt is kept.
-        verification: the acceptance rule (``"exact"``, or a relaxed, lossy
-            :class:`~tss_opt.decoding.verify.relaxed.Verifier`); results carry its
-            label and ``lossy``.
+        **settings: protocol fields as keywords (``max_new_tokens=32``, ``scope="all"``,
+            ...): they replace ``protocol``'s (the former keyword arguments).
     """
 
     def __init__(
@@ -307,28 +292,23 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         examples: Sequence[Example],
         metric: Metric,
         *,
+        protocol: DecodeProtocol | None = None,
         extra_metrics: Sequence[Metric] = (),
-        max_new_tokens: int = 96,
-        scope: str = "verify",
-        temperature: float = 0.0,
-        cost: str = "analytic",
-        eos_token_ids: Sequence[int] = (),
-        system_prompt: str | None = None,
         show_progress: bool = True,
-        reuse_prefill: bool = True,
-        verification: Verifier | str = "exact",
         prefill_store_gib: float | None = None,
+        **settings: Any,
     ) -> None:
-        if cost not in COSTS:
-            raise ValueError(f"cost={cost!r} is not a cost; expected one of {', '.join(COSTS)}")
+        protocol = DecodeProtocol.build(protocol, **settings)
+        if protocol.cost not in COSTS:
+            raise ValueError(f"cost={protocol.cost!r} is not a cost; expected one of {', '.join(COSTS)}")
         if not examples:
             raise ValueError("the evaluator got no prompts; check the domain's split sizes")
-        self.verifier = verification if isinstance(verification, Verifier) else Verifier(mode=verification)  # type: ignore[arg-type]
+        # A plain attribute: relaxed-weight tuning swaps it for one evaluation.
+        self.verifier: Verifier = protocol.verifier
         super().__init__(
-            target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
-            max_new_tokens=max_new_tokens, scope=scope, temperature=temperature, cost=cost,
-            eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
-            reuse_prefill=reuse_prefill, prefill_store_gib=prefill_store_gib,
+            target, tokenizer, drafter_factory, examples, metric, protocol=protocol,
+            extra_metrics=extra_metrics, show_progress=show_progress,
+            prefill_store_gib=prefill_store_gib,
         )
         # self._prefills (base class): prompt index -> its dense prefill
         # (skip, next index, drafter) of the last call whose prompts were 0, 1, ..., k - 1:
@@ -337,7 +317,7 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         self._chain: tuple[frozenset[int], int, Drafter | None] | None = None
 
     def _options(self) -> dict[str, Any]:
-        return {**super()._options(), "verification": self.verifier}
+        return {**super()._options(), "protocol": self.protocol.replace(verification=self.verifier)}
 
     def evaluate(
         self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None
@@ -358,15 +338,14 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         skip = frozenset(int(i) for i in skip)
         order = self._check_prompt_ids(prompt_ids)
         drafter = self._drafter_for(skip, order)
-        engine = SpeculativeEngine(self.target, drafter, eos_token_ids=self.eos_token_ids, verification=self.verifier)
+        engine = self.protocol.engine(self.target, drafter, verification=self.verifier)
         outputs: list[str] = []
         tokens: list[list[int]] = []
         stats = []
         t0 = time.perf_counter()
         for n, i in enumerate(order):
             res = engine.generate(
-                self.prompt_tokens[i], max_new_tokens=self.max_new_tokens, skip=skip, scope=self.scope,
-                temperature=self.temperature, seed=i, prefill=self._prefill(i),
+                self.prompt_tokens[i], skip=skip, seed=i, prefill=self._prefill(i), **self.protocol.generate_kwargs()
             )
             outputs.append(self.tokenizer.decode(res.tokens, skip_special_tokens=True))
             tokens.append(res.tokens.tolist())

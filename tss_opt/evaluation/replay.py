@@ -38,8 +38,9 @@ import torch
 
 from tss_opt.decoding.budget import draft_depth_limit, prune_depth
 from tss_opt.decoding.cache import SkipAwareCache
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.decoding.engine import SCOPES, NoDrafter
+from tss_opt.decoding.drafter import Drafter, NoDrafter, VerifyFeedback
+from tss_opt.decoding.engine import SCOPES
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
 from tss_opt.errors import TSSError
@@ -55,6 +56,7 @@ __all__ = [
     "ReplayError",
     "ReplayEvaluator",
     "batched_greedy",
+    "check_replay_protocol",
     "check_replayable",
     "default_batch_size",
     "replay_stats",
@@ -74,50 +76,26 @@ def default_batch_size(device: torch.device | str) -> int:
 
 
 # ----------------------------------------------------------------------------- drafters
-def _replayable_types() -> tuple[type, ...]:
-    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
-    from tss_opt.decoding.drafters.eagle import EagleDrafter
-    from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
-
-    # SelfDrafter subclasses DraftModelDrafter; SamdDrafter is checked with its fallback.
-    return (NoDrafter, PromptLookupDrafter, DraftModelDrafter, EagleDrafter)
-
-
 def check_replayable(drafter: Drafter | None) -> None:
     """Refuse a drafter whose proposals the replay cannot reproduce exactly.
 
-    Replayable: no drafter, prompt lookup, SAM decoding with ``fallback: none``, a draft
-    model, self-drafting, EAGLE, and any drafter class with ``replayable = True`` (its
+    Replayable: no drafter, and any drafter whose ``capabilities.replayable`` is set (prompt
+    lookup, SAM decoding with ``fallback: none``, a draft model, self-drafting, EAGLE): its
     proposals depend only on the context and on the target features of committed tokens;
-    :meth:`Drafter.update` then gets feedback whose ``logits`` have no columns).
+    :meth:`Drafter.update` then gets feedback whose ``logits`` have no columns.
 
     Raises:
-        ReplayError: naming the drafter and the fix.
+        ReplayError: naming the drafter and the fix (the drafter's ``replay_refusal``).
     """
-    from tss_opt.decoding.drafters.sam import SamdDrafter
-    from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
-
-    if drafter is None or getattr(drafter, "replayable", False) is True:
+    if drafter is None or drafter.capabilities.replayable:
         return
-    if isinstance(drafter, TokenRecycleDrafter):
-        raise ReplayError(
-            "evaluator=replay cannot reproduce Token Recycling: its table learns from the target's logits at "
-            "rejected draft-tree nodes, which a replay never computes; use evaluator=engine with this drafter"
-        )
-    if isinstance(drafter, SamdDrafter):
-        if isinstance(drafter.fallback, TokenRecycleDrafter):
-            raise ReplayError(
-                "evaluator=replay cannot reproduce SAMD's Token Recycling fallback (it learns from target logits "
-                "at rejected tree nodes); set +drafter.fallback=none for SAM decoding alone, or use evaluator=engine"
-            )
-        check_replayable(drafter.fallback)
-        return
-    if not isinstance(drafter, _replayable_types()):
-        raise ReplayError(
-            f"evaluator=replay does not know whether drafter {type(drafter).__name__} can be replayed; "
-            "supported: pld, samd (fallback none), draft_model, self, eagle. Use evaluator=engine, or set "
-            "replayable = True on the class if its proposals depend only on the context and target features"
-        )
+    raise ReplayError(
+        drafter.capabilities.replay_refusal
+        or f"evaluator=replay does not know whether drafter {type(drafter).__name__} can be replayed; "
+        "supported: pld, samd (fallback none), draft_model, self, eagle. Use evaluator=engine, or declare "
+        "capabilities = DrafterCapabilities(replayable=True, ...) on the class if its proposals depend only "
+        "on the context and target features"
+    )
 
 
 # ----------------------------------------------------------------------------- batched greedy
@@ -303,7 +281,7 @@ def replay_stats(
         return stats
     seq = torch.tensor(prompt.tolist() + y, dtype=torch.long)
     drafter.reset(prompt)
-    if drafter.needs_prefill_feedback:
+    if drafter.capabilities.prefill_feedback:
         if features is None or prefill_logits is None:
             raise ReplayError(f"{type(drafter).__name__} needs the target's features; pass features= and prefill_logits=")
         drafter.prefill_feedback(prompt, prefill_logits, features[:P])
@@ -366,20 +344,47 @@ def _feedback(
     )
 
 
+def check_replay_protocol(protocol: DecodeProtocol) -> None:
+    """Refuse a protocol the replay cannot reproduce: measured cost, sampling, a relaxed rule
+    or an unknown scope.
+
+    Raises:
+        ReplayError: naming the setting and the fix.
+    """
+    if protocol.cost != "analytic":
+        raise ReplayError(
+            f"cost={protocol.cost!r} cannot be used with evaluator=replay: the replay runs no speculative decoding "
+            "to time; use cost=analytic, or evaluator=engine for the measured cost"
+        )
+    if protocol.temperature != 0:
+        raise ReplayError(
+            f"temperature={protocol.temperature} cannot be used with evaluator=replay: only greedy decoding "
+            "(temperature=0) is replayed exactly; use evaluator=engine for speculative sampling"
+        )
+    if protocol.scope not in SCOPES:
+        raise ReplayError(f"scope={protocol.scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
+    if protocol.verifier.lossy:
+        raise ReplayError(
+            f"verification={protocol.verifier.describe()} cannot be used with evaluator=replay: the replay walks "
+            "exact greedy acceptance only; use evaluator=engine for a relaxed rule"
+        )
+
+
 # ----------------------------------------------------------------------------- evaluator
 class ReplayEvaluator(PromptSetEvaluator):
     """The trial evaluator of ``evaluator=replay``: batched greedy generation + drafter replay.
 
     Same arguments and contract as :class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator`
-    (``per_prompt``, ``num_prompts``, ``prompt_ids=``), plus ``batch_size``.
+    (``protocol=`` or its fields as keywords, ``per_prompt``, ``num_prompts``,
+    ``prompt_ids=``), plus ``batch_size``. Of the protocol, ``cost`` must be ``"analytic"``
+    (no real decoding is timed), ``temperature`` 0 (the replay of speculative sampling is not
+    exact) and ``verification`` exact; ``reuse_prefill`` in ``verify`` scope keeps each
+    batch's dense prefill (one KV cache per batch of prompt indices) and starts every trial
+    from a copy.
 
     Args:
         batch_size: prompts per batched forward; ``None`` = :data:`DEFAULT_BATCH_SIZE` for the
             target's device type.
-        cost: only ``"analytic"``; ``"measured"`` raises (no real decoding is timed).
-        temperature: only 0 (greedy); the replay of speculative sampling is not exact.
-        reuse_prefill: in ``verify`` scope, keep each batch's dense prefill (one KV cache per
-            batch of prompt indices) and start every trial from a copy.
 
     Per prompt, ``tokens_per_s`` is the prompt's tokens over its share of the batch's wall
     time: a throughput of the replay, not of speculative decoding.
@@ -393,40 +398,23 @@ class ReplayEvaluator(PromptSetEvaluator):
         examples: Sequence[Example],
         metric: Metric,
         *,
+        protocol: DecodeProtocol | None = None,
         extra_metrics: Sequence[Metric] = (),
-        max_new_tokens: int = 96,
-        scope: str = "verify",
-        temperature: float = 0.0,
-        cost: str = "analytic",
-        eos_token_ids: Sequence[int] = (),
-        system_prompt: str | None = None,
         show_progress: bool = True,
-        reuse_prefill: bool = True,
         batch_size: int | None = None,
         prefill_store_gib: float | None = None,
+        **settings: Any,
     ) -> None:
-        if cost != "analytic":
-            raise ReplayError(
-                f"cost={cost!r} cannot be used with evaluator=replay: the replay runs no speculative decoding to "
-                "time; use cost=analytic, or evaluator=engine for the measured cost"
-            )
-        if temperature != 0:
-            raise ReplayError(
-                f"temperature={temperature} cannot be used with evaluator=replay: only greedy decoding (temperature=0) "
-                "is replayed exactly; use evaluator=engine for speculative sampling"
-            )
-        if scope not in SCOPES:
-            raise ReplayError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
+        protocol = DecodeProtocol.build(protocol, **settings)
+        check_replay_protocol(protocol)
         if batch_size is not None and int(batch_size) < 1:
             raise ReplayError(f"evaluator.batch_size={batch_size}; expected a positive integer, or null for the default")
         if not examples:
             raise ReplayError("the evaluator got no prompts; check the domain's split sizes")
         check_replayable(drafter_factory())  # fail at build time, not in the first trial
         super().__init__(
-            target, tokenizer, drafter_factory, examples, metric, extra_metrics=extra_metrics,
-            max_new_tokens=max_new_tokens, scope=scope, temperature=0.0, cost=cost,
-            eos_token_ids=eos_token_ids, system_prompt=system_prompt, show_progress=show_progress,
-            reuse_prefill=reuse_prefill, prefill_store_gib=prefill_store_gib,
+            target, tokenizer, drafter_factory, examples, metric, protocol=protocol.replace(temperature=0.0),
+            extra_metrics=extra_metrics, show_progress=show_progress, prefill_store_gib=prefill_store_gib,
         )
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
         # self._prefills (base class, byte-bounded): (batch, keep_hidden) -> its _Prefill
@@ -448,7 +436,7 @@ class ReplayEvaluator(PromptSetEvaluator):
         order = self._check_prompt_ids(prompt_ids)
         drafter = self.drafter_factory()
         check_replayable(drafter)
-        keep_hidden = bool(drafter is not None and drafter.needs_prefill_feedback)
+        keep_hidden = bool(drafter is not None and drafter.capabilities.prefill_feedback)
         outputs: list[str] = []
         tokens: list[list[int]] = []
         stats: list[DecodeStats] = []

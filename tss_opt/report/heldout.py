@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.decoding.drafter import Drafter
-from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.skip import validate_skip
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
@@ -33,6 +33,7 @@ from tss_opt.decoding.verify.relaxed import (
 )
 from tss_opt.evaluation.domains import Domain, format_prompt
 from tss_opt.evaluation.evaluator import EvalResult, aggregate
+from tss_opt.evaluation.protocol import protocol_for_domain
 from tss_opt.mapping.rule import entry_verifier
 from tss_opt.report.assessment import domain_verdict, heldout_stats, validation_prediction
 from tss_opt.report.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level
@@ -86,33 +87,36 @@ def measure_interleaved(
     domain: Domain,
     methods: Sequence[tuple[str, frozenset[int], Verifier | None]],
     *,
-    prompts: int | None,
-    max_new_tokens: int | None,
-    scope: str,
-    temperature: float,
-    eos_token_ids: Sequence[int],
-    warmup: bool,
-    show_progress: bool,
+    protocol: DecodeProtocol | None = None,
+    prompts: int | None = None,
+    max_new_tokens: int | None = None,
+    warmup: bool = True,
+    show_progress: bool = True,
+    **settings: Any,
 ) -> list[EvalResult]:
     """Run the held-out prompts under each of ``methods`` (name, skip set, verifier or ``None``
     for exact), interleaved per prompt: every prompt runs under every method before the next
     prompt, so machine drift hits all methods alike and their tokens/s compare fairly.
 
+    Args:
+        protocol: scope, temperature and stop tokens (default: the defaults); the length and
+            system prompt are the domain's (:func:`protocol_for_domain`), the rule each
+            method's. ``**settings``: protocol fields as keywords, replacing ``protocol``'s.
+        max_new_tokens: tokens per prompt (``None``: the domain's).
+
     Returns:
         One :class:`EvalResult` per method, in ``methods``' order.
     """
     examples = _heldout_examples(domain, prompts)
-    max_new = int(max_new_tokens or domain.config.max_new_tokens)
-    ids = [format_prompt(tokenizer, ex, domain.config.system_prompt) for ex in examples]
-    engines = {
-        name: SpeculativeEngine(target, drafter_factory(), eos_token_ids=eos_token_ids, verification=v or "exact")
-        for name, _, v in methods
-    }
+    proto = protocol_for_domain(DecodeProtocol.build(protocol, **settings), domain, max_new_tokens)
+    ids = [format_prompt(tokenizer, ex, proto.system_prompt) for ex in examples]
+    rules = {name: proto.replace(verification=v or "exact") for name, _, v in methods}
+    engines = {name: rules[name].engine(target, drafter_factory()) for name, _, _ in methods}
     if warmup:
-        for _, s, v in methods:
+        for name, s, _ in methods:
             # A separate engine: the warm-up must not feed a learning drafter's history.
-            SpeculativeEngine(target, drafter_factory(), eos_token_ids=eos_token_ids, verification=v or "exact").generate(
-                ids[0], max_new_tokens=WARMUP_TOKENS, skip=s, scope=scope, temperature=temperature, seed=0  # type: ignore[arg-type]
+            rules[name].engine(target, drafter_factory()).generate(
+                ids[0], skip=s, seed=0, **{**proto.generate_kwargs(), "max_new_tokens": WARMUP_TOKENS}
             )
     outputs: dict[str, list[str]] = {name: [] for name, _, _ in methods}
     tokens: dict[str, list[list[int]]] = {name: [] for name, _, _ in methods}
@@ -121,9 +125,7 @@ def measure_interleaved(
     for i, p in enumerate(ids):
         for name, s, _ in methods:
             t0 = time.perf_counter()
-            res = engines[name].generate(
-                p, max_new_tokens=max_new, skip=s, scope=scope, temperature=temperature, seed=i  # type: ignore[arg-type]
-            )
+            res = engines[name].generate(p, skip=s, seed=i, **proto.generate_kwargs())
             wall[name] += time.perf_counter() - t0
             outputs[name].append(tokenizer.decode(res.tokens, skip_special_tokens=True))
             tokens[name].append(res.tokens.tolist())
@@ -153,14 +155,13 @@ def compare_domain(
     domain: Domain,
     skip: frozenset[int] | Sequence[int],
     *,
+    protocol: DecodeProtocol | None = None,
     prompts: int | None = None,
     max_new_tokens: int | None = None,
-    scope: str = "verify",
-    temperature: float = 0.0,
-    eos_token_ids: Sequence[int] = (),
     warmup: bool = True,
     show_progress: bool = True,
     verification: Verifier | None = None,
+    **settings: Any,
 ) -> tuple[EvalResult, EvalResult]:
     """Run ``domain``'s held-out prompts densely and with ``skip``, interleaved per prompt.
 
@@ -172,8 +173,10 @@ def compare_domain(
         domain: The domain (its ``heldout`` split is used).
         skip: The domain's skip set S*.
         prompts: Held-out prompts to run (``None``: the whole split, 48 in the protocol).
+        protocol: Scope, temperature and stop tokens (:class:`DecodeProtocol`; its fields may
+            also be given as keywords, ``scope="all"``); length and system prompt are the
+            domain's.
         max_new_tokens: Tokens per prompt (``None``: the domain's, 96 in the protocol).
-        scope, temperature, eos_token_ids: As for :class:`SpeculativeEngine`.
         warmup: Run a few untimed tokens under each method first.
         show_progress: Log one line per prompt.
         verification: The TSS method's acceptance rule (a lossy mapping entry's); ``None`` =
@@ -190,8 +193,8 @@ def compare_domain(
     skip = validate_skip(skip, target.num_layers)
     native, tss = measure_interleaved(
         target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None), (TSS, skip, verification)),
-        prompts=prompts, max_new_tokens=max_new_tokens, scope=scope, temperature=temperature,
-        eos_token_ids=eos_token_ids, warmup=warmup, show_progress=show_progress,
+        protocol=protocol, prompts=prompts, max_new_tokens=max_new_tokens, warmup=warmup,
+        show_progress=show_progress, **settings,
     )
     return native, tss
 
@@ -202,21 +205,20 @@ def measure_native(
     drafter_factory: Callable[[], Drafter | None],
     domain: Domain,
     *,
+    protocol: DecodeProtocol | None = None,
     prompts: int | None = None,
     max_new_tokens: int | None = None,
-    scope: str = "verify",
-    temperature: float = 0.0,
-    eos_token_ids: Sequence[int] = (),
     warmup: bool = True,
     show_progress: bool = True,
+    **settings: Any,
 ) -> EvalResult:
     """The held-out prompts with the dense target only: a domain whose mapping keeps dense
     (comparing dense with itself would cost twice the time and show noise as an effect).
     Arguments as for :func:`compare_domain`."""
     (native,) = measure_interleaved(
         target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None),),
-        prompts=prompts, max_new_tokens=max_new_tokens, scope=scope, temperature=temperature,
-        eos_token_ids=eos_token_ids, warmup=warmup, show_progress=show_progress,
+        protocol=protocol, prompts=prompts, max_new_tokens=max_new_tokens, warmup=warmup,
+        show_progress=show_progress, **settings,
     )
     return native
 
@@ -241,17 +243,16 @@ def run_heldout(
     *,
     model_id: str,
     drafter: str | None = None,
+    protocol: DecodeProtocol | None = None,
     prompts: int | None = None,
     max_new_tokens: int | None = None,
-    scope: str = "verify",
-    temperature: float = 0.0,
-    eos_token_ids: Sequence[int] = (),
     show_progress: bool = True,
     level: float = DEFAULT_LEVEL,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     eps_metric: float = 0.05,
     relative: bool = True,
+    **settings: Any,
 ) -> HeldoutReport:
     """:func:`compare_domain` for each of ``domains`` with the mapping's skip sets, judged.
 
@@ -262,6 +263,7 @@ def run_heldout(
     and a verdict (:func:`tss_opt.report.assessment.domain_verdict`).
 
     Args:
+        protocol, prompts, max_new_tokens, **settings: As for :func:`compare_domain`.
         level: Two-sided coverage of the intervals (0.9).
         resamples, seed: The paired bootstrap of the ratios (speedup, accepted-length ratio).
         eps_metric, relative: The metric tolerance of the verdict (the search's).
@@ -272,6 +274,7 @@ def run_heldout(
         tss_opt.mapping.MappingError: The mapping is for another model.
     """
     check_level(level)
+    protocol = DecodeProtocol.build(protocol, **settings)
     mapping.check_model(model_id, target.num_layers)
     missing = [d.name for d in domains if mapping.entry_for(d.name) is None]
     if missing:
@@ -283,7 +286,7 @@ def run_heldout(
     lossy = [name for name, v in verifiers.items() if v is not None and mapping.entry_for(name).skip_set]  # type: ignore[union-attr]
     if lossy:
         probe = drafter_factory()  # refuse before hours of measurement, not at the lossy domain
-        if not getattr(probe, "gives_distribution", False):
+        if probe is None or not probe.capabilities.distribution:
             err = refuse_drafter(verifiers[lossy[0]].mode, drafter or type(probe).__name__)  # type: ignore[union-attr]
             raise ReportError(
                 f"the mapping entries of {', '.join(lossy)} are lossy and are measured under their rule: {err} "
@@ -293,8 +296,8 @@ def run_heldout(
         model=model_id,
         num_layers=target.num_layers,
         drafter=drafter,
-        scope=scope,
-        temperature=temperature,
+        scope=protocol.scope,
+        temperature=protocol.temperature,
         mapping_path=str(mapping.path) if mapping.path else None,
         level=level,
         resamples=resamples,
@@ -316,8 +319,7 @@ def run_heldout(
             what = f"native only (dense kept: {reason})" if reason else f"native vs skip {list(entry.skip_set)}"
             log.info("domain %d/%d: %s, %d held-out prompts, %s", k, len(domains), domain.name, n, what)
         common: dict[str, Any] = dict(
-            prompts=prompts, max_new_tokens=max_new_tokens, scope=scope, temperature=temperature,
-            eos_token_ids=eos_token_ids, show_progress=show_progress,
+            protocol=protocol, prompts=prompts, max_new_tokens=max_new_tokens, show_progress=show_progress
         )
         tss: EvalResult | None
         if reason is not None:

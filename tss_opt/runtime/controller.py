@@ -32,6 +32,7 @@ import torch
 
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.engine import SCOPES, SpeculativeEngine, StepHook
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.skip import validate_skip
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
@@ -61,7 +62,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_TOKENS = 96
 
 
 @dataclass
@@ -125,6 +125,10 @@ class TSSController:
         entry_rules: Serve a domain whose mapping entry carries a lossy rule (written by
             ``tune_verification``) under that rule (default), rather than under
             ``verification``. ``False``: every domain under ``verification``.
+        protocol: The :class:`~tss_opt.decoding.protocol.DecodeProtocol` (stop tokens, scope,
+            temperature, default length, rule) in one value; ``eos_token_ids``, ``scope``,
+            ``temperature``, ``max_new_tokens`` and ``verification``, when given, replace its
+            fields. Its ``system_prompt`` is unused (``system_prompts`` is per domain).
 
     Raises:
         MappingError: The mapping file is missing or corrupt, or was searched on another
@@ -137,19 +141,28 @@ class TSSController:
         tokenizer: Any,
         mapping: DomainMapping | str | os.PathLike[str],
         drafter_factory: Callable[[], Drafter | None],
-        eos_token_ids: Iterable[int] = (),
+        eos_token_ids: Iterable[int] | None = None,
         router: DomainRouter | None = None,
         *,
         model_id: str | None = None,
         scope: str | None = None,
-        temperature: float = 0.0,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
         system_prompts: Mapping[str, str | None] | None = None,
-        verification: Verifier | str = "exact",
+        verification: Verifier | str | None = None,
         entry_rules: bool = True,
+        protocol: DecodeProtocol | None = None,
     ) -> None:
         if scope is not None and scope not in SCOPES:
             raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
+        # The keyword settings given replace the protocol's (the former arguments keep working).
+        # The skip scope is not taken from the protocol: each mapping entry carries the scope
+        # its search measured, and only an explicit `scope=` overrides them all.
+        given = {
+            "eos_token_ids": eos_token_ids, "temperature": temperature,
+            "max_new_tokens": max_new_tokens, "verification": verification,
+        }
+        protocol = DecodeProtocol.build(protocol, **{k: v for k, v in given.items() if v is not None})
         if not isinstance(mapping, DomainMapping):
             mapping = load_mapping(mapping)
         _check_mapping_model(mapping, model_id, target.num_layers)
@@ -157,14 +170,15 @@ class TSSController:
         self.tokenizer = tokenizer
         self.mapping = mapping
         self.drafter_factory = drafter_factory
-        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.protocol = protocol
+        self.eos_token_ids = protocol.eos_token_ids
         self.router = router
         self.model_id = model_id
-        self.scope = scope
-        self.temperature = float(temperature)
-        self.max_new_tokens = int(max_new_tokens)
+        self.scope = scope  # an explicit override of every entry's scope, else None
+        self.temperature = protocol.temperature
+        self.max_new_tokens = protocol.max_new_tokens
         self.system_prompts = {d: p for d, p in (system_prompts or {}).items() if p}
-        self.verifier = verification if isinstance(verification, Verifier) else Verifier(mode=verification)  # type: ignore[arg-type]
+        self.verifier = protocol.verifier
         if self.verifier.lossy:
             log.warning("verification=%s is lossy: outputs may differ from the target's own", self.verifier.describe())
         if not mapping.entries:
@@ -363,7 +377,7 @@ class TSSController:
         Raises:
             MappingError: Missing, corrupt or other-model mapping.
         """
-        from tss_opt.assembly import assemble, build_verifier, check_distribution_drafter
+        from tss_opt.assembly import assemble, check_distribution_drafter, serving_protocol
 
         mapping = load_mapping(cfg.mapping_path)  # fail before loading a model for nothing
         rt = runtime or assemble(cfg)
@@ -394,15 +408,12 @@ class TSSController:
             rt.loaded.tokenizer,
             mapping,
             rt.new_drafter,
-            rt.eos_token_ids,
-            router,
+            router=router,
             model_id=rt.loaded.model_id,
             # No global scope: each entry carries the one its search measured (docs/mapping.md).
-            temperature=float(cfg.temperature),
-            max_new_tokens=int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
             system_prompts=system_prompts,
-            verification=build_verifier(cfg, rt.drafter_cfg),
             entry_rules=entry_rules,
+            protocol=serving_protocol(cfg, rt),
         )
 
 

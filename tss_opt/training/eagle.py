@@ -265,6 +265,108 @@ def read_training_metadata(directory: str | Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the loop
+def _starting_head(target: TargetModel, checkpoint_dir: Path, settings: TrainSettings) -> tuple[EagleHead, int]:
+    """The head to train (the checkpoint's when resuming, else a random one) and the steps it
+    already had, in float32 on the target's device."""
+    prior = read_training_metadata(checkpoint_dir) if settings.resume else {}
+    if settings.resume and (checkpoint_dir / "config.json").is_file():
+        head = load_eagle_head(checkpoint_dir, target.model)
+        done_before = int(prior.get("total_steps", 0))
+        log.info("resuming from %s (%d steps)", checkpoint_dir, done_before)
+    else:
+        if settings.resume:
+            log.warning("train.resume=true but %s holds no checkpoint: starting from a random head", checkpoint_dir)
+        head = random_eagle_head(target.model, seed=settings.seed)
+        done_before = 0
+    # Master weights in float32 whatever the target's dtype (bfloat16 updates lose small steps).
+    return head.to(device=target.device, dtype=torch.float32).train(), done_before
+
+
+@dataclass
+class _Run:
+    """One training run's fixed parts and its record: probes, loss history, checkpoint metadata.
+
+    ``history`` gets one entry per probe (step, seconds, loss parts, accepted length); the
+    checkpoint's ``training.json`` carries it with ``metadata`` and the settings.
+    """
+
+    target: TargetModel
+    head: EagleHead
+    settings: TrainSettings
+    checkpoint_dir: Path
+    done_before: int
+    probe_prompts: Sequence[torch.Tensor]
+    tree: dict[str, Any]
+    eos_token_ids: Sequence[int]
+    metadata: dict[str, Any]
+    on_probe: Callable[[dict[str, Any]], None] | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    probe_before: float | None = None
+
+    def probe(self) -> float | None:
+        """The accepted length of real EAGLE decoding on the probe prompts (``None``: none)."""
+        if not self.probe_prompts:
+            return None
+        return probe_accept_length(
+            self.target, self.head, self.probe_prompts, self.settings.probe_tokens, self.eos_token_ids, **self.tree
+        )
+
+    def record(self, step: int, seconds: float, parts: LossParts, a: float | None) -> None:
+        entry = {
+            "step": step, "seconds": round(seconds, 2), "loss": parts.loss, "feature": parts.feature,
+            "token": parts.token, "accuracy": parts.accuracy, "accept_length": a,
+        }
+        self.history.append(entry)
+        if self.on_probe is not None:
+            self.on_probe(entry)
+
+    def meta(self, steps: int, seconds: float, last: LossParts | None) -> dict[str, Any]:
+        """``training.json`` after ``steps`` steps of this run."""
+        settings = self.settings
+        return {
+            **self.metadata,
+            "format": "EAGLE-1 head (tss_opt.training.eagle)",
+            "total_steps": self.done_before + steps,
+            "steps": steps,
+            "seconds": round(seconds, 2),
+            "loss": None if last is None else asdict(last),
+            "probe_before": self.probe_before,
+            "history": self.history,
+            "settings": asdict(settings) if hasattr(settings, "__dataclass_fields__") else dict(settings),  # type: ignore[call-overload]
+        }
+
+    def save(self, steps: int, seconds: float, last: LossParts | None, **extra: Any) -> None:
+        save_checkpoint(self.head, self.checkpoint_dir, {**self.meta(steps, seconds, last), **extra})
+
+
+def _optimise(
+    head: EagleHead,
+    opt: torch.optim.Optimizer,
+    batch: Batch,
+    settings: TrainSettings,
+    lm: tuple[torch.Tensor, torch.Tensor | None],
+    gen: torch.Generator,
+    step: int,
+) -> LossParts:
+    """One optimiser step at 0-based ``step`` (linear warm-up of the learning rate).
+
+    Raises:
+        TrainingSettingsError: the loss is no longer finite (the last checkpoint stays).
+    """
+    lr = settings.lr * min(1.0, (step + 1) / settings.warmup_steps) if settings.warmup_steps else settings.lr
+    for g in opt.param_groups:
+        g["lr"] = lr
+    loss, parts = eagle_loss(head, batch, settings, lm, gen)
+    if not math.isfinite(parts.loss):
+        raise TrainingSettingsError(f"the loss became {parts.loss} at step {step + 1}; lower train.lr (now {settings.lr})")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if settings.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(head.parameters(), settings.grad_clip)
+    opt.step()
+    return parts
+
+
 def train_eagle(
     target: TargetModel,
     features: FeatureSet,
@@ -296,57 +398,28 @@ def train_eagle(
     """
     check_settings(settings)
     checkpoint_dir = Path(checkpoint_dir)
-    tree = {k: v for k, v in (drafter_settings or {}).items() if k in ("total_tokens", "depth", "top_k")}
+    head, done_before = _starting_head(target, checkpoint_dir, settings)
+    run = _Run(
+        target=target, head=head, settings=settings, checkpoint_dir=checkpoint_dir, done_before=done_before,
+        probe_prompts=probe_prompts,
+        tree={k: v for k, v in (drafter_settings or {}).items() if k in ("total_tokens", "depth", "top_k")},
+        eos_token_ids=eos_token_ids, metadata=dict(metadata or {}), on_probe=on_probe,
+    )
     device = target.device
-    prior = read_training_metadata(checkpoint_dir) if settings.resume else {}
-    if settings.resume and (checkpoint_dir / "config.json").is_file():
-        head = load_eagle_head(checkpoint_dir, target.model)
-        done_before = int(prior.get("total_steps", 0))
-        log.info("resuming from %s (%d steps)", checkpoint_dir, done_before)
-    else:
-        if settings.resume:
-            log.warning("train.resume=true but %s holds no checkpoint: starting from a random head", checkpoint_dir)
-        head = random_eagle_head(target.model, seed=settings.seed)
-        done_before = 0
-    # Master weights in float32 whatever the target's dtype (bfloat16 updates lose small steps).
-    head = head.to(device=device, dtype=torch.float32).train()
     lm = _lm_weight(head)
     opt = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     gen = torch.Generator().manual_seed(settings.seed)
     batches = features.epochs(settings.seq_len, settings.batch_size, settings.seed)
     eval_rows = features.rows(settings.seq_len)[:EVAL_ROWS]
-    eval_batches = [features.batch(eval_rows[i : i + settings.batch_size], settings.seq_len, device) for i in range(0, len(eval_rows), settings.batch_size)]
-
-    def probe() -> float | None:
-        if not probe_prompts:
-            return None
-        return probe_accept_length(target, head, probe_prompts, settings.probe_tokens, eos_token_ids, **tree)
-
-    history: list[dict[str, Any]] = []
-
-    def record(step: int, seconds: float, parts: LossParts, a: float | None) -> None:
-        entry = {"step": step, "seconds": round(seconds, 2), "loss": parts.loss, "feature": parts.feature, "token": parts.token, "accuracy": parts.accuracy, "accept_length": a}
-        history.append(entry)
-        if on_probe is not None:
-            on_probe(entry)
-
-    def meta(steps: int, seconds: float, last: LossParts | None) -> dict[str, Any]:
-        return {
-            **(metadata or {}),
-            "format": "EAGLE-1 head (tss_opt.training.eagle)",
-            "total_steps": done_before + steps,
-            "steps": steps,
-            "seconds": round(seconds, 2),
-            "loss": None if last is None else asdict(last),
-            "probe_before": probe_before,
-            "history": history,
-            "settings": asdict(settings) if hasattr(settings, "__dataclass_fields__") else dict(settings),
-        }
+    eval_batches = [
+        features.batch(eval_rows[i : i + settings.batch_size], settings.seq_len, device)
+        for i in range(0, len(eval_rows), settings.batch_size)
+    ]
 
     with frozen(target.model):
         initial = last_eval = evaluate_loss(head, eval_batches, settings)
-        probe_before = probe()
-        record(0, 0.0, initial, probe_before)
+        run.probe_before = run.probe()
+        run.record(0, 0.0, initial, run.probe_before)
         budget = Budget.of(settings)
         log.info(
             "training an EAGLE head on %d pairs for %s -> %s", features.num_pairs, budget.describe(), checkpoint_dir
@@ -356,50 +429,37 @@ def train_eagle(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=settings.max_steps, desc="training EAGLE head", disable=not settings.progress, dynamic_ncols=True)
-        postfix: dict[str, str] = {"A": "-" if probe_before is None else f"{probe_before:.2f}"}
+        postfix: dict[str, str] = {"A": "-" if run.probe_before is None else f"{run.probe_before:.2f}"}
         try:
             while not budget.exhausted(step):
-                rows = next(batches)
-                batch = features.batch(rows, settings.seq_len, device)
-                lr = settings.lr * min(1.0, (step + 1) / settings.warmup_steps) if settings.warmup_steps else settings.lr
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                loss, last = eagle_loss(head, batch, settings, lm, gen)
-                if not math.isfinite(last.loss):  # the last checkpoint (if any) stays as it was
-                    raise TrainingSettingsError(
-                        f"the loss became {last.loss} at step {step + 1}; lower train.lr (now {settings.lr})"
-                    )
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if settings.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(head.parameters(), settings.grad_clip)
-                opt.step()
+                batch = features.batch(next(batches), settings.seq_len, device)
+                last = _optimise(head, opt, batch, settings, lm, gen, step)
                 step += 1
                 pairs += int(batch.valid.sum())
                 postfix.update(loss=f"{last.loss:.3f}", acc=f"{last.accuracy:.2f}")
                 if settings.probe_every and step % settings.probe_every == 0:
-                    a = probe()
+                    a = run.probe()
                     last_eval = evaluate_loss(head, eval_batches, settings)
-                    record(done_before + step, budget.elapsed, last_eval, a)
+                    run.record(done_before + step, budget.elapsed, last_eval, a)
                     if a is not None:
                         postfix["A"] = f"{a:.2f}"
                 if settings.checkpoint_every and step % settings.checkpoint_every == 0:
-                    save_checkpoint(head, checkpoint_dir, meta(step, budget.elapsed, last))
+                    run.save(step, budget.elapsed, last)
                 bar.set_postfix(postfix, refresh=False)
                 bar.update(1)
         except KeyboardInterrupt:
             bar.close()
-            save_checkpoint(head, checkpoint_dir, {**meta(step, budget.elapsed, last), "interrupted": True})
+            run.save(step, budget.elapsed, last, interrupted=True)
             raise TrainingInterrupted(checkpoint_dir, done_before + step) from None
         bar.close()
         seconds = budget.elapsed
-        if history[-1]["step"] == done_before + step:  # the last probe ran at this very step
-            final, probe_after = last_eval, history[-1]["accept_length"]
+        if run.history[-1]["step"] == done_before + step:  # the last probe ran at this very step
+            final, probe_after = last_eval, run.history[-1]["accept_length"]
         else:
             final = evaluate_loss(head, eval_batches, settings)
-            probe_after = probe()
-            record(done_before + step, seconds, final, probe_after)
-        save_checkpoint(head, checkpoint_dir, meta(step, seconds, final))
+            probe_after = run.probe()
+            run.record(done_before + step, seconds, final, probe_after)
+        run.save(step, seconds, final)
     return EagleTrainResult(
         steps=step,
         total_steps=done_before + step,
@@ -407,8 +467,8 @@ def train_eagle(
         pairs_per_s=pairs / seconds if seconds > 0 else 0.0,
         initial=initial,
         final=final,
-        probe_before=probe_before,
+        probe_before=run.probe_before,
         probe_after=probe_after,
         checkpoint=checkpoint_dir,
-        history=history,
+        history=run.history,
     )

@@ -1,6 +1,6 @@
 """Drafters: propose draft trees for the target to verify (chains are one-branch trees)."""
 
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.drafters.draft_model import DraftModelDrafter, SelfDrafter
 from tss_opt.decoding.drafters.eagle import (
     EagleDrafter,
@@ -28,6 +28,7 @@ __all__ = [
     "AdjacencyTable",
     "DraftModelDrafter",
     "Drafter",
+    "DrafterCapabilities",
     "DrafterConfigError",
     "EagleDrafter",
     "EagleHead",

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tss_opt.decoding.cache import SkipAwareCache, crop_to
-from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.tree import DraftTree
@@ -37,10 +37,9 @@ class DraftModelDrafter(Drafter):
     A node's confidence is the draft model's softmax probability of its token.
     """
 
-    #: Confidence routing (``drafter=routed``) may use this drafter: its trees carry confidences.
-    gives_confidence = True
-    #: Relaxed verification (DIVERSED, CoSpec) may use this drafter: it gives ``probs``.
-    gives_distribution = True
+    #: Its trees carry confidences (TAPS routing), it gives ``probs`` (relaxed verification),
+    #: and its proposals depend on the context only (``evaluator=replay``).
+    capabilities = DrafterCapabilities(confidence=True, distribution=True, replayable=True)
 
     def __init__(
         self,

@@ -77,6 +77,7 @@ class EagleDrafter(Drafter):
     needs_prefill_feedback = True
     gives_confidence = True  # the head's softmax probability of each node given its parent
     gives_distribution = True  # with return_probs: the head's distribution behind every node
+    replayable = True  # proposals depend on the context and target features of committed tokens
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
 from tss_opt.decoding.tree import DraftTree
 
 
@@ -27,7 +27,8 @@ class PromptLookupDrafter(Drafter):
         min_ngram: shortest suffix searched for.
     """
 
-    gives_confidence = True  # match-length heuristic (module docstring)
+    # Confidence: a match-length heuristic (module docstring); proposals depend on the context only.
+    capabilities = DrafterCapabilities(confidence=True, replayable=True)
 
     def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:

@@ -22,20 +22,25 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.config import config_dir
-from tss_opt.decoding.drafter import Drafter
-from tss_opt.errors import TSSError
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
+from tss_opt.decoding.drafters.errors import DrafterConfigError
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
     from tss_opt.models.loading import LoadedModel
 
+__all__ = [
+    "DrafterConfigError",
+    "available_drafters",
+    "build_drafter",
+    "builds",
+    "distribution_drafters",
+    "drafter_capabilities",
+]
+
 DrafterBuilder = Callable[..., Drafter]
 _RESERVED = ("name", "_target_")
 MISSING = "???"  # OmegaConf's mandatory value, when a config was converted with resolve only
-
-
-class DrafterConfigError(TSSError):
-    """A drafter config names an unknown drafter or gives settings it does not take."""
 
 
 def available_drafters() -> list[str]:
@@ -62,6 +67,59 @@ def _shipped_target(name: Any) -> str:
     return str(OmegaConf.load(config_dir() / "drafter" / f"{name}.yaml")["_target_"])
 
 
+def _builder(target_path: str) -> DrafterBuilder:
+    import hydra.utils
+
+    try:
+        return hydra.utils.get_method(target_path)
+    except Exception as e:  # Hydra raises ImportError or its own error types
+        raise DrafterConfigError(f"drafter _target_={target_path!r} cannot be imported: {e}") from e
+
+
+def builds(drafter_class: str) -> Callable[[DrafterBuilder], DrafterBuilder]:
+    """Mark a builder with the dotted path of the :class:`Drafter` class it returns, so that
+    the class's ``capabilities`` can be read from a config before anything is built (the
+    class is imported only then)."""
+
+    def mark(builder: DrafterBuilder) -> DrafterBuilder:
+        builder.drafter_class = drafter_class  # type: ignore[attr-defined]
+        return builder
+
+    return mark
+
+
+def drafter_capabilities(cfg: Mapping[str, Any]) -> DrafterCapabilities | None:
+    """The class-level capabilities of the drafter ``cfg`` builds (its builder marked with
+    :func:`builds`), without building it; ``None`` when the builder names no class.
+
+    Capabilities that depend on the drafter's parts (SAMD's fallback, TAPS members) are the
+    instance's; this is the class's declaration.
+
+    Raises:
+        DrafterConfigError: unknown drafter name, or a builder that cannot be imported.
+    """
+    import hydra.utils
+
+    plain = _to_plain(cfg)
+    builder = _builder(str(plain.get("_target_") or _shipped_target(plain.get("name"))))
+    path = getattr(builder, "drafter_class", None)
+    if path is None:
+        return None
+    cls = hydra.utils.get_class(path)
+    return cls.capabilities  # type: ignore[no-any-return]
+
+
+def distribution_drafters() -> list[str]:
+    """The shipped drafters (``conf/drafter/``) whose class gives a per-node distribution:
+    the ones relaxed verification accepts."""
+    out = []
+    for name in available_drafters():
+        caps = drafter_capabilities({"name": name})
+        if caps is not None and caps.distribution:
+            out.append(name)
+    return out
+
+
 def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedModel) -> Drafter:
     """Build the drafter described by ``cfg`` (``hydra.utils.instantiate`` of its ``_target_``).
 
@@ -81,10 +139,7 @@ def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedMod
     plain = _to_plain(cfg)
     name = plain.get("name")
     target_path = str(plain.get("_target_") or _shipped_target(name))
-    try:
-        builder = hydra.utils.get_method(target_path)
-    except Exception as e:  # Hydra raises ImportError or its own error types
-        raise DrafterConfigError(f"drafter _target_={target_path!r} cannot be imported: {e}") from e
+    builder = _builder(target_path)
     # A mandatory value left unset ("???") is dropped: the builder's default applies and the
     # builder says what is missing when it is really needed (eagle's path unless random_init).
     settings = {
@@ -108,6 +163,7 @@ def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedMod
 
 
 # ----------------------------------------------------------------------------- builders
+@builds("tss_opt.decoding.drafters.prompt_lookup.PromptLookupDrafter")
 def build_pld(
     target: TargetModel,
     loaded: LoadedModel,
@@ -136,6 +192,7 @@ def _cached_weights(key: str, load: Callable[[], Any], owner: Any = None) -> Any
     return store[key]
 
 
+@builds("tss_opt.decoding.drafters.draft_model.DraftModelDrafter")
 def build_draft_model(
     target: TargetModel,
     loaded: LoadedModel,
@@ -178,6 +235,7 @@ def build_draft_model(
     )
 
 
+@builds("tss_opt.decoding.drafters.draft_model.DraftModelDrafter")
 def build_t2d(
     target: TargetModel,
     loaded: LoadedModel,
@@ -219,6 +277,7 @@ def build_t2d(
     )
 
 
+@builds("tss_opt.decoding.drafters.draft_model.SelfDrafter")
 def build_self(
     target: TargetModel,
     loaded: LoadedModel,
@@ -242,6 +301,7 @@ def build_self(
     )
 
 
+@builds("tss_opt.decoding.drafters.token_recycle.TokenRecycleDrafter")
 def build_token_recycle(
     target: TargetModel,
     loaded: LoadedModel,
@@ -258,6 +318,7 @@ def build_token_recycle(
     )
 
 
+@builds("tss_opt.decoding.drafters.sam.SamdDrafter")
 def build_samd(
     target: TargetModel,
     loaded: LoadedModel,
@@ -270,9 +331,9 @@ def build_samd(
 ) -> Drafter:
     """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle"); ``fallback="none"``
     proposes nothing when the match is short (SAM decoding alone, replayable by evaluator=replay)."""
+    from tss_opt.decoding.drafter import NoDrafter
     from tss_opt.decoding.drafters.sam import SamdDrafter
     from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
-    from tss_opt.decoding.engine import NoDrafter
 
     if fallback == "none":
         return SamdDrafter(threshold=threshold, num_tokens=num_tokens, fallback=NoDrafter())
@@ -286,6 +347,7 @@ def build_samd(
     )
 
 
+@builds("tss_opt.decoding.drafters.eagle.EagleDrafter")
 def build_eagle(
     target: TargetModel,
     loaded: LoadedModel,
@@ -353,6 +415,7 @@ def _build_members(
     return out
 
 
+@builds("tss_opt.decoding.drafters.taps.RoutedDrafter")
 def build_routed(target: TargetModel, loaded: LoadedModel, members: Any = None) -> Drafter:
     """TAPS confidence routing: per step, the member tree with the highest mean confidence."""
     from tss_opt.decoding.drafters.taps import RoutedDrafter
@@ -360,6 +423,7 @@ def build_routed(target: TargetModel, loaded: LoadedModel, members: Any = None) 
     return RoutedDrafter(_build_members("routed", members, target, loaded))
 
 
+@builds("tss_opt.decoding.drafters.taps.MergedDrafter")
 def build_merged(target: TargetModel, loaded: LoadedModel, members: Any = None) -> Drafter:
     """TAPS merged tree: every member's tree under one root, verified in one pass."""
     from tss_opt.decoding.drafters.taps import MergedDrafter

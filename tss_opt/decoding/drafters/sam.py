@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 from tss_opt.decoding.tree import DraftTree
 
@@ -154,8 +154,18 @@ class SamdDrafter(Drafter):
         self.threshold = threshold
         self.num_tokens = num_tokens
         self.fallback: Drafter = fallback if fallback is not None else TokenRecycleDrafter()
-        self.needs_prefill_feedback = self.fallback.needs_prefill_feedback
-        self.gives_confidence = self.fallback.gives_confidence
+        # What SAMD can do is what its fallback can (the automaton itself needs nothing).
+        fb = self.fallback.capabilities
+        name = "Token Recycling" if isinstance(self.fallback, TokenRecycleDrafter) else type(self.fallback).__name__
+        self.capabilities = DrafterCapabilities(
+            prefill_feedback=fb.prefill_feedback,
+            confidence=fb.confidence,
+            replayable=fb.replayable,
+            replay_refusal=(
+                f"evaluator=replay cannot reproduce SAMD's {name} fallback (it learns from target logits "
+                "at rejected tree nodes); set +drafter.fallback=none for SAM decoding alone, or use evaluator=engine"
+            ),
+        )
         self.sam = SuffixAutomaton()
         self.sam_steps = 0  # proposals taken from the automaton
         self.fallback_steps = 0  # proposals taken from the fallback

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 
 from tss_opt.decoding.budget import prune_depth
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
-from tss_opt.decoding.drafters.registry import DrafterConfigError
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
+from tss_opt.decoding.drafters.errors import DrafterConfigError
 from tss_opt.decoding.tree import ROOT, DraftTree
 
 
@@ -105,9 +105,11 @@ class TapsDrafter(Drafter):
                 f"TAPS member name(s) {', '.join(dup)} used more than once; give each a distinct 'label'"
             )
         self.members: list[tuple[str, Drafter]] = list(members)
-        self.needs_prefill_feedback = any(d.needs_prefill_feedback for _, d in members)
+        self.capabilities = DrafterCapabilities(
+            prefill_feedback=any(d.capabilities.prefill_feedback for _, d in members),
+            confidence=all(d.capabilities.confidence for _, d in members),
+        )
         self._max_depth: int | None = None  # the engine's budget for the step being proposed
-        self.gives_confidence = all(d.gives_confidence for _, d in members)
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -128,7 +130,7 @@ class TapsDrafter(Drafter):
 
     def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
         for _, d in self.members:
-            if d.needs_prefill_feedback:
+            if d.capabilities.prefill_feedback:
                 d.prefill_feedback(prompt_ids, logits, hidden)
 
     def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:
@@ -166,12 +168,12 @@ class RoutedDrafter(TapsDrafter):
     """Verifies, per step, the member tree with the highest mean node confidence.
 
     Raises:
-        DrafterConfigError: a member that gives no confidences (``gives_confidence`` false),
+        DrafterConfigError: a member that gives no confidences (``capabilities.confidence`` false),
             named in the message.
     """
 
     def __init__(self, members: Sequence[tuple[str, Drafter]]) -> None:
-        without = [f"{n!r} ({type(d).__name__})" for n, d in members if not d.gives_confidence]
+        without = [f"{n!r} ({type(d).__name__})" for n, d in members if not d.capabilities.confidence]
         if without:
             raise DrafterConfigError(
                 f"drafter=routed needs per-node confidences, but member(s) {', '.join(without)} give none; "

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.drafters.templates import (
     TemplateError,
     TreeTemplate,
@@ -92,8 +92,16 @@ class TokenRecycleDrafter(Drafter):
         max_nodes: node budget for the template (``None``: no limit).
     """
 
-    needs_prefill_feedback = True  # the prefill's logits give the last prompt token's row
-    gives_confidence = True  # the stored probability of each candidate
+    # The prefill's logits give the last prompt token's row; confidence: the stored probability
+    # of each candidate. Not replayable: the table learns from target logits at rejected nodes.
+    capabilities = DrafterCapabilities(
+        prefill_feedback=True,
+        confidence=True,
+        replay_refusal=(
+            "evaluator=replay cannot reproduce Token Recycling: its table learns from the target's logits at "
+            "rejected draft-tree nodes, which a replay never computes; use evaluator=engine with this drafter"
+        ),
+    )
 
     def __init__(
         self,

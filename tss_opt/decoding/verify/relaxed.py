@@ -42,9 +42,21 @@ from tss_opt.decoding.verify.arbitration import (
 from tss_opt.decoding.verify.blend_weight import WeightPolicy
 from tss_opt.errors import TSSError
 
-DISTRIBUTION_DRAFTERS: tuple[str, ...] = ("draft_model", "self", "t2d", "eagle")
-"""Shipped drafters that give a per-node distribution (``DraftTree.probs``): the ones relaxed
-verification accepts. PLD, SAMD and Token Recycling propose tokens without one."""
+
+def distribution_drafter_names() -> tuple[str, ...]:
+    """Shipped drafters that give a per-node distribution (``DraftTree.probs``): the ones
+    relaxed verification accepts, read from their classes' ``capabilities`` (PLD, SAMD and
+    Token Recycling propose tokens without one)."""
+    from tss_opt.decoding.drafters.registry import distribution_drafters
+
+    return tuple(distribution_drafters())
+
+
+def __getattr__(name: str) -> Any:
+    # DISTRIBUTION_DRAFTERS (a former constant) is computed from the drafters' capabilities.
+    if name == "DISTRIBUTION_DRAFTERS":
+        return distribution_drafter_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RelaxedVerificationError(TSSError):
@@ -66,7 +78,7 @@ def refuse_drafter(mode: Verification | str, drafter_name: str) -> RelaxedVerifi
     """The error for a relaxed mode with a drafter that gives no distribution."""
     return RelaxedVerificationError(
         f"verification={mode} needs a drafter that gives a distribution per draft token, but drafter "
-        f"{drafter_name!r} gives none; use one of: {', '.join(DISTRIBUTION_DRAFTERS)} (or verification=exact)"
+        f"{drafter_name!r} gives none; use one of: {', '.join(distribution_drafter_names())} (or verification=exact)"
     )
 
 
@@ -120,7 +132,7 @@ class Verifier:
         """
         if not self.lossy:
             return
-        if not getattr(drafter, "gives_distribution", False):
+        if not drafter.capabilities.distribution:
             raise refuse_drafter(self.mode, type(drafter).__name__)
         drafter.return_probs = True  # type: ignore[attr-defined]
 
@@ -171,7 +183,7 @@ class Verifier:
         if len(tree) and tree.probs is None:
             raise RelaxedVerificationError(
                 f"verification={self.mode} got a draft without per-node distributions (DraftTree.probs); "
-                f"use one of the drafters {', '.join(DISTRIBUTION_DRAFTERS)} (with return_probs)"
+                f"use one of the drafters {', '.join(distribution_drafter_names())} (with return_probs)"
             )
         if sampler is not None and tree.sampled_probs is not None:
             return self._sampled_chain(tree, logits, temperature, generator)

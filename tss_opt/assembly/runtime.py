@@ -1,0 +1,59 @@
+"""The loaded target with its drafter factory (:class:`Assembly`): what every decoding command needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from tss_opt.assembly.settings import base_protocol, build_verifier, drafter_config, model_settings
+
+if TYPE_CHECKING:
+    from tss_opt.decoding import Drafter, TargetModel
+    from tss_opt.decoding.protocol import DecodeProtocol
+    from tss_opt.models import LoadedModel
+
+
+@dataclass
+class Assembly:
+    """A loaded target with its drafter factory: what every decoding command needs.
+
+    Attributes:
+        loaded: The model, its tokenizer and config.
+        target: The verifier with its skip mechanism.
+        drafter_cfg: The drafter's config (``conf/drafter/<name>.yaml`` with overrides).
+    """
+
+    loaded: LoadedModel
+    target: TargetModel
+    drafter_cfg: dict[str, Any]
+
+    def new_drafter(self) -> Drafter | None:
+        """A fresh drafter (its own state); weights it only reads are shared per process."""
+        from tss_opt.decoding.drafters import build_drafter
+
+        return build_drafter(self.drafter_cfg, self.target, self.loaded)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.loaded.model.generation_config.eos_token_id
+        if ids is None:
+            ids = self.loaded.tokenizer.eos_token_id
+        return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+
+
+def assemble(cfg: DictConfig) -> Assembly:
+    """Load the configured model and wrap it as a skippable target with its drafter config."""
+    from tss_opt.decoding import TargetModel
+    from tss_opt.models import load_model
+
+    loaded = load_model(model_settings(cfg))
+    target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
+    return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
+
+
+def serving_protocol(cfg: DictConfig, runtime: Assembly) -> DecodeProtocol:
+    """The runtime's protocol: :func:`base_protocol` (``max_new_tokens=`` is the default
+    request length; each domain has its own system prompt) with the configured rule."""
+    return base_protocol(cfg, runtime.eos_token_ids).replace(verification=build_verifier(cfg, runtime.drafter_cfg))
