@@ -201,17 +201,8 @@ def _module_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
-# The search helper's branch breaks this circle (issue 19); remove the entry after merging it.
-KNOWN_SEARCH_CYCLE = ["tss_opt.search.optuna_strategy", "tss_opt.search.result", "tss_opt.search.strategy_result"]
-
-
 def test_no_import_cycle_between_modules() -> None:
-    cycles = _module_cycles(_graph())
-    if KNOWN_SEARCH_CYCLE in cycles:
-        rest = [c for c in cycles if c != KNOWN_SEARCH_CYCLE]
-        assert rest == []
-        pytest.xfail(f"known search/ cycle {KNOWN_SEARCH_CYCLE} (issue 19, the search helper's branch)")
-    assert cycles == []
+    assert _module_cycles(_graph()) == []
 
 
 def test_module_cycle_check_can_fail() -> None:

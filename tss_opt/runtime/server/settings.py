@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tss_opt.config.serve import ServeSettings
 from tss_opt.errors import UsageError
 
 __all__ = ["API_KEY_ENV", "ServerSettings", "is_loopback"]
@@ -40,16 +41,17 @@ class ServerSettings:
     """What the server needs, as one value (see :class:`tss_opt.config.serve.ServeSettings`
     for each field's meaning). ``api_key`` is never printed: ``repr`` hides it."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    allow_open: bool = False
-    metrics_auth: bool = True
-    max_queue: int = 16
-    max_tokens_cap: int = 1024
-    max_body_bytes: int = 1_000_000
-    timeout_keep_alive: int = 5
-    served_model_name: str | None = None
+    # The defaults are the config schema's (one place for each value).
+    host: str = ServeSettings.host
+    port: int = ServeSettings.port
+    api_key: str | None = ServeSettings.api_key
+    allow_open: bool = ServeSettings.allow_open
+    metrics_auth: bool = ServeSettings.metrics_auth
+    max_queue: int = ServeSettings.max_queue
+    max_tokens_cap: int = ServeSettings.max_tokens_cap
+    max_body_bytes: int = ServeSettings.max_body_bytes
+    timeout_keep_alive: int = ServeSettings.timeout_keep_alive
+    served_model_name: str | None = ServeSettings.served_model_name
 
     def __repr__(self) -> str:
         key = "set" if self.api_key else "none"
