@@ -250,9 +250,11 @@ def build_token_recycle(
     keep_table: bool = True,
     max_nodes: int | None = None,
 ) -> Drafter:
-    """Token Recycling over a static template."""
+    """Token Recycling over a static template; ``template=auto`` sizes it to the hardware."""
     from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 
+    if template == "auto":
+        return TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
     return TokenRecycleDrafter(
         template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes
     )
@@ -282,7 +284,11 @@ def build_samd(
         )
     return SamdDrafter(
         threshold=threshold, num_tokens=num_tokens,
-        fallback=TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table),
+        fallback=(
+            TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table)
+            if template == "auto"
+            else TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
+        ),
     )
 
 
