@@ -137,3 +137,40 @@ def test_sized_drafter_is_lossless(target64: TargetModel, tmp_path: Path, latenc
         want = plain.generate(prompt, max_new_tokens=20).tokens
         got = spec.generate(prompt, max_new_tokens=20)
         assert torch.equal(got.tokens, want)
+
+
+def _seed_latency(target: TargetModel, directory: Path, latency: dict[int, float]) -> None:
+    t = load_or_measure_latency(target, directory, sizes=(0, 1))
+    path = next(directory.glob("latency-*.json"))
+    path.write_text(json.dumps(LatencyTable(latency, t.key, t.measured_at).to_dict()))
+
+
+@pytest.mark.parametrize("latency", [{0: 1e-3, 1: 1.0}, {0: 1.0, 8: 1.0, 16: 1.0}])
+def test_sized_eagle_is_lossless_or_plain(
+    tiny64: LoadedModel, target64: TargetModel, tmp_path: Path, latency: dict[int, float]
+) -> None:
+    from tss_opt.decoding.drafters.eagle import EagleDrafter, random_eagle_head
+    from tss_opt.decoding.engine import NoDrafter
+    from tss_opt.decoding.tree_sizing import sized_eagle
+
+    _seed_latency(target64, tmp_path, latency)
+    save_profile(AcceptanceProfile(rank_accept=((0.6, 0.3, 0.2, 0.1),)), "eagle", tmp_path)
+    drafter = sized_eagle(target64, random_eagle_head(tiny64.model, seed=0), depth=4, top_k=4, directory=tmp_path)
+    if latency[0] < 0.01:  # verifying one node costs 1000 plain steps: nothing pays
+        assert isinstance(drafter, NoDrafter) and drafter.choice.nodes == 0
+        return
+    assert isinstance(drafter, EagleDrafter) and drafter.total_tokens == 17
+    plain, spec = SpeculativeEngine(target64), SpeculativeEngine(target64, drafter)
+    for prompt in _prompts(2):
+        assert torch.equal(spec.generate(prompt, max_new_tokens=16).tokens, plain.generate(prompt, max_new_tokens=16).tokens)
+
+
+def test_registry_template_auto(tiny64: LoadedModel, target64: TargetModel, tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from tss_opt.decoding.drafters import build_drafter
+
+    monkeypatch.chdir(tmp_path)  # the cache lives under ./storage/tree_sizing
+    _seed_latency(target64, tmp_path / "storage" / "tree_sizing", {0: 1.0, 1: 5.0})
+    d = build_drafter({"name": "token_recycle", "template": "auto"}, target64, tiny64)
+    assert isinstance(d, TokenRecycleDrafter) and len(d.template) == 0 and d.choice is not None
+    assert build_drafter({"name": "token_recycle"}, target64, tiny64).template.name == "token_recycle_15"  # the fixed default

@@ -407,7 +407,7 @@ def choose_tree(
     *,
     sizes: Iterable[int] | None = None,
     max_depth: int = 8,
-    draft_s: Callable[[int], float] | float = 0.0,
+    draft_s: Callable[[TreeTemplate], float] | float = 0.0,
 ) -> TreeChoice:
     """The tree that maximises expected tokens per second (pure: no measurement here).
 
@@ -417,22 +417,22 @@ def choose_tree(
         sizes: node counts compared (default: the latency table's sizes).
         max_depth: deepest level compared; every depth cap ``1..max_depth`` is tried per
             size, so plain chains (depth = size) and flat trees are both candidates.
-        draft_s: seconds to draft an ``n``-node tree, a function of ``n`` or a constant
-            charged to every non-empty tree.
+        draft_s: seconds to draft a tree, a function of its template (EAGLE pays per
+            level: ``level_s * template.max_depth``) or a constant charged to every
+            non-empty tree.
 
     Ties go to the smaller tree.
     """
     table = latency if isinstance(latency, LatencyTable) else LatencyTable(seconds=dict(latency))
-    cost = draft_s if callable(draft_s) else (lambda n, c=float(draft_s): c if n else 0.0)
+    cost = draft_s if callable(draft_s) else (lambda t, c=float(draft_s): c if len(t) else 0.0)
     best = TreeChoice(TreeTemplate(parents=(), ranks=(), name="none"), 1.0, table.at(0))
     cands: list[tuple[int, int, float]] = [(0, 0, best.tokens_per_s)]
     for n in sorted(set(sizes if sizes is not None else table.sizes) - {0}):
-        step = cost(n) + table.at(n)
         for d in range(1, max_depth + 1):
             tmpl, acc = best_tree(profile, n, d)
             if len(tmpl) < n:
                 continue  # profile cannot fill n nodes under this depth: a smaller size covers it
-            choice = TreeChoice(tmpl, 1.0 + acc, step)
+            choice = TreeChoice(tmpl, 1.0 + acc, cost(tmpl) + table.at(n))
             cands.append((n, d, choice.tokens_per_s))
             if choice.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
                 best = choice
@@ -472,3 +472,49 @@ def auto_template(
         profile = AcceptanceProfile(tuple(row[:max_rank] for row in profile.rank_accept), profile.name)
     sizes = [n for n in table.sizes if max_nodes is None or n <= max_nodes]
     return choose_tree(table, profile, sizes=sizes, max_depth=max_depth)
+
+
+def eagle_level_seconds(target: TargetModel, drafter: Drafter, *, depth: int, new_tokens: int = 8) -> float:
+    """Seconds per drafted level of an EAGLE-style drafter (one head forward and one
+    ``lm_head`` projection per level): its draft time per step over a short greedy run on a
+    fixed random prompt, divided by ``depth``."""
+    from tss_opt.decoding.engine import SpeculativeEngine
+
+    vocab = int(target.model.config.vocab_size)
+    prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(0))
+    engine = SpeculativeEngine(target, drafter)
+    engine.generate(prompt, max_new_tokens=2)  # warm-up
+    stats = engine.generate(prompt, max_new_tokens=new_tokens).stats
+    return stats.draft_s / max(1, stats.steps) / depth
+
+
+def sized_eagle(
+    target: TargetModel,
+    head: Any,
+    *,
+    depth: int = 6,
+    top_k: int = 8,
+    return_probs: bool = False,
+    directory: str | Path = DEFAULT_DIR,
+) -> Drafter:
+    """``drafter=eagle total_tokens=auto``: the EAGLE-2 budget (``total_tokens`` = nodes + 1,
+    ``depth``) that maximises expected tokens per second, from the cached latency table, the
+    ``eagle`` profile (``profile-eagle.json``, else the prior) and the head's measured cost
+    per level; :class:`~tss_opt.decoding.engine.NoDrafter` when no tree pays."""
+    from tss_opt.decoding.drafters.eagle import EagleDrafter
+    from tss_opt.decoding.engine import NoDrafter
+
+    table = load_or_measure_latency(target, directory)
+    profile = load_profile("eagle", directory)
+    profile = AcceptanceProfile(tuple(row[:top_k] for row in profile.rank_accept), profile.name)
+    level_s = eagle_level_seconds(target, EagleDrafter(head, total_tokens=60, depth=depth, top_k=top_k), depth=depth)
+    choice = choose_tree(table, profile, max_depth=depth, draft_s=lambda t: level_s * t.max_depth)
+    if not choice.nodes:
+        drafter: Drafter = NoDrafter()
+    else:
+        drafter = EagleDrafter(
+            head, total_tokens=choice.nodes + 1, depth=choice.template.max_depth, top_k=top_k,
+            return_probs=return_probs,
+        )
+    drafter.choice = choice  # type: ignore[attr-defined]
+    return drafter

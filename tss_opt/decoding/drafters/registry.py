@@ -299,7 +299,7 @@ def build_eagle(
     path: str | None = None,
     random_init: bool = False,
     seed: int = 0,
-    total_tokens: int = 60,
+    total_tokens: int | str = 60,
     depth: int = 6,
     top_k: int = 8,
     return_probs: bool = False,
@@ -330,6 +330,10 @@ def build_eagle(
         directory = str(given[0])
         head = _cached_weights(f"path:{directory}", lambda: load_eagle_head(directory, target.model), target.model)
         warn_other_model(directory, loaded.config.name)
+    if total_tokens == "auto":  # sized to the hardware (tree_sizing.py)
+        from tss_opt.decoding.tree_sizing import sized_eagle
+
+        return sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
     return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
 
 
