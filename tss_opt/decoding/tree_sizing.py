@@ -125,13 +125,24 @@ class LatencyTable:
         return cls(seconds=secs, key=dict(data.get("key", {})), measured_at=str(data.get("measured_at", "")))
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else the platform's description."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor() or 'cpu'}"
+
+
 def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str, str]:
     """(machine, model, dtype, device) of a target: what a latency table is valid for."""
     device = torch.device(target.device)
     if device.type == "cuda":
         machine = torch.cuda.get_device_name(device)
     else:
-        machine = f"{platform.machine()} {platform.processor() or 'cpu'} x{torch.get_num_threads()} threads"
+        machine = f"{_cpu_name()} x{torch.get_num_threads()} threads"
     cfg = target.model.config
     name = model_name or str(getattr(cfg, "_name_or_path", "") or getattr(cfg, "model_type", "model"))
     name = f"{name} L{cfg.num_hidden_layers} H{cfg.hidden_size}"
