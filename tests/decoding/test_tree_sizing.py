@@ -174,3 +174,16 @@ def test_registry_template_auto(tiny64: LoadedModel, target64: TargetModel, tmp_
     d = build_drafter({"name": "token_recycle", "template": "auto"}, target64, tiny64)
     assert isinstance(d, TokenRecycleDrafter) and len(d.template) == 0 and d.choice is not None
     assert build_drafter({"name": "token_recycle"}, target64, tiny64).template.name == "token_recycle_15"  # the fixed default
+
+
+def test_samd_fallback_template_auto(tiny64: LoadedModel, target64: TargetModel, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from tss_opt.decoding.drafters import build_drafter
+
+    monkeypatch.chdir(tmp_path)
+    _seed_latency(target64, tmp_path / "storage" / "tree_sizing", {0: 1.0, 1: 1.0, 4: 1.0})
+    d = build_drafter({"name": "samd", "template": "auto"}, target64, tiny64)
+    assert isinstance(d.fallback, TokenRecycleDrafter) and len(d.fallback.template) == 4
+    plain, spec = SpeculativeEngine(target64), SpeculativeEngine(target64, d)
+    for prompt in _prompts(2):
+        assert torch.equal(spec.generate(prompt, max_new_tokens=16).tokens, plain.generate(prompt, max_new_tokens=16).tokens)
