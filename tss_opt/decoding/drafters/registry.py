@@ -310,9 +310,11 @@ def build_token_recycle(
     keep_table: bool = True,
     max_nodes: int | None = None,
 ) -> Drafter:
-    """Token Recycling over a static template."""
+    """Token Recycling over a static template; ``template=auto`` sizes it to the hardware."""
     from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 
+    if template == "auto":
+        return TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
     return TokenRecycleDrafter(
         template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes
     )
@@ -343,7 +345,11 @@ def build_samd(
         )
     return SamdDrafter(
         threshold=threshold, num_tokens=num_tokens,
-        fallback=TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table),
+        fallback=(
+            TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table)
+            if template == "auto"
+            else TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
+        ),
     )
 
 
@@ -355,7 +361,7 @@ def build_eagle(
     path: str | None = None,
     random_init: bool = False,
     seed: int = 0,
-    total_tokens: int = 60,
+    total_tokens: int | str = 60,
     depth: int = 6,
     top_k: int = 8,
     return_probs: bool = False,
@@ -386,6 +392,10 @@ def build_eagle(
         directory = str(given[0])
         head = _cached_weights(f"path:{directory}", lambda: load_eagle_head(directory, target.model), target.model)
         warn_other_model(directory, loaded.config.name)
+    if total_tokens == "auto":  # sized to the hardware (tree_sizing.py)
+        from tss_opt.decoding.tree_sizing import sized_eagle
+
+        return sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
     return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,10 @@ from tss_opt.decoding.drafters.templates import (
     load_template,
 )
 from tss_opt.decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.target import TargetModel
+    from tss_opt.decoding.tree_sizing import TreeChoice
 
 DEFAULT_TEMPLATE = "builtin:token_recycle_15.json"
 
@@ -124,6 +128,7 @@ class TokenRecycleDrafter(Drafter):
         self.top_k = top_k
         self.keep_table = keep_table
         self.table: AdjacencyTable | None = None
+        self.choice: TreeChoice | None = None  # set by sized_to (template=auto)
         self._levels = self._plan_levels(self.template)
 
     @staticmethod
@@ -205,3 +210,27 @@ class TokenRecycleDrafter(Drafter):
 
     def propose(self, context: torch.Tensor) -> DraftTree:
         return self.expand(int(context[-1]))
+
+    @classmethod
+    def sized_to(
+        cls,
+        target: TargetModel,
+        top_k: int = 8,
+        keep_table: bool = True,
+        max_nodes: int | None = None,
+        max_depth: int = 8,
+        directory: str | Path | None = None,
+    ) -> TokenRecycleDrafter:
+        """``template=auto``: the template that maximises expected tokens per second on this
+        hardware (:mod:`tss_opt.decoding.tree_sizing`: the cached verification-latency table
+        and the ``token_recycle`` acceptance profile). An empty template means that no tree
+        pays here: every step is then a plain decoding step."""
+        from tss_opt.decoding.tree_sizing import DEFAULT_DIR, auto_template
+
+        choice = auto_template(
+            target, "token_recycle", directory=directory or DEFAULT_DIR, max_depth=max_depth,
+            max_rank=top_k, max_nodes=max_nodes,
+        )
+        drafter = cls(template=choice.template, top_k=top_k, keep_table=keep_table)
+        drafter.choice = choice
+        return drafter

@@ -1,0 +1,187 @@
+"""Verification latency against tree size, measured once per machine, model, dtype and device.
+
+Part 1 of hardware-sized trees (:mod:`tss_opt.decoding.tree_sizing`): one verification
+forward (root + ``n`` chain nodes) timed on a warm cache, cached as JSON
+(``storage/tree_sizing/latency-<key>.json``) with the measurement's date and its key.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.errors import TSSError
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.target import TargetModel
+
+DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+DEFAULT_DIR = Path("storage/tree_sizing")
+
+
+class TreeSizingError(TSSError):
+    """A latency table or acceptance profile is malformed or missing values."""
+
+
+# ------------------------------------------------------------------------------ latency
+@dataclass(frozen=True)
+class LatencyTable:
+    """Seconds of one verification forward (root + ``n`` tree nodes) against ``n``.
+
+    Attributes:
+        seconds: ``{n: seconds}``; ``n = 0`` is a plain decoding step (the root alone).
+        key: what the measurement holds for: ``machine``, ``model``, ``dtype``, ``device``.
+        measured_at: ISO date-time (UTC) of the measurement.
+    """
+
+    seconds: Mapping[int, float]
+    key: Mapping[str, str] = field(default_factory=dict)
+    measured_at: str = ""
+
+    def __post_init__(self) -> None:
+        if 0 not in self.seconds:
+            raise TreeSizingError(
+                f"latency table has sizes {sorted(self.seconds)} but no 0 (a plain decoding step); measure n=0 too"
+            )
+        for n, s in self.seconds.items():
+            if n < 0 or not s > 0:
+                raise TreeSizingError(f"latency table entry n={n}: {s} s; expected n >= 0 and seconds > 0")
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted(self.seconds)
+
+    def at(self, n: int) -> float:
+        """Latency for ``n`` nodes: measured, else linear between the neighbouring sizes,
+        else extrapolated from the two largest (verification cost grows at most linearly)."""
+        if n in self.seconds:
+            return float(self.seconds[n])
+        sizes = self.sizes
+        lo = max((s for s in sizes if s < n), default=None)
+        hi = min((s for s in sizes if s > n), default=None)
+        if lo is not None and hi is not None:
+            w = (n - lo) / (hi - lo)
+            return float(self.seconds[lo] * (1 - w) + self.seconds[hi] * w)
+        if len(sizes) == 1:
+            return float(self.seconds[sizes[0]])
+        a, b = sizes[-2], sizes[-1]
+        slope = max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a))
+        return float(self.seconds[b] + slope * (n - b))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": dict(self.key),
+            "measured_at": self.measured_at,
+            "seconds": {str(n): s for n, s in sorted(self.seconds.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
+        try:
+            secs = {int(n): float(s) for n, s in data["seconds"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise TreeSizingError(
+                f"latency table needs 'seconds': {{nodes: seconds}}; got {data!r:.200} ({e})"
+            ) from e
+        return cls(seconds=secs, key=dict(data.get("key", {})), measured_at=str(data.get("measured_at", "")))
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else the platform's description."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor() or 'cpu'}"
+
+
+def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str, str]:
+    """(machine, model, dtype, device) of a target: what a latency table is valid for."""
+    device = torch.device(target.device)
+    if device.type == "cuda":
+        machine = torch.cuda.get_device_name(device)
+    else:
+        machine = f"{_cpu_name()} x{torch.get_num_threads()} threads"
+    cfg = target.model.config
+    name = model_name or str(getattr(cfg, "_name_or_path", "") or getattr(cfg, "model_type", "model"))
+    name = f"{name} L{cfg.num_hidden_layers} H{cfg.hidden_size}"
+    return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
+
+
+def _key_file(key: Mapping[str, str], directory: Path) -> Path:
+    slug = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", key[k]) for k in ("model", "dtype", "device", "machine"))
+    return directory / f"latency-{slug}.json"
+
+
+@torch.inference_mode()
+def measure_latency(
+    target: TargetModel,
+    sizes: Iterable[int] = DEFAULT_SIZES,
+    *,
+    prefix_len: int = 64,
+    repeats: int = 3,
+    key: Mapping[str, str] | None = None,
+) -> LatencyTable:
+    """Time one verification forward per tree size on a warm cache of ``prefix_len`` tokens.
+
+    Every size is a chain of ``n`` nodes (the forward's cost depends on the slot count, not on
+    the tree's shape); the cache is cropped back after each forward. The median of
+    ``repeats`` timings after one warm-up forward is kept.
+    """
+    from tss_opt.decoding.cache import crop_to
+
+    sizes = sorted({int(n) for n in sizes} | {0})
+    vocab = int(target.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (prefix_len,), generator=gen)
+    cache = target.new_cache()
+    target.prefill(prompt, cache)
+    sync = torch.cuda.synchronize if torch.device(target.device).type == "cuda" else (lambda: None)
+    seconds: dict[int, float] = {}
+    for n in sizes:
+        tree = DraftTree.chain(torch.randint(0, vocab, (n,), generator=gen))
+        times = []
+        for i in range(repeats + 1):
+            sync()
+            t0 = time.perf_counter()
+            target.verify_forward(int(prompt[-1]), tree, cache, prefix_len)
+            sync()
+            if i:  # the first forward of a size warms kernels and allocations
+                times.append(time.perf_counter() - t0)
+            crop_to(cache, prefix_len)
+        seconds[n] = sorted(times)[len(times) // 2]
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=now)
+
+
+def load_or_measure_latency(
+    target: TargetModel,
+    directory: str | Path = DEFAULT_DIR,
+    *,
+    sizes: Iterable[int] = DEFAULT_SIZES,
+    model_name: str | None = None,
+) -> LatencyTable:
+    """The cached table for this (machine, model, dtype, device), measured and saved once."""
+    key = hardware_key(target, model_name)
+    path = _key_file(key, Path(directory))
+    if path.is_file():
+        try:
+            return LatencyTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, TreeSizingError):
+            pass  # a damaged cache is measured again and overwritten
+    table = measure_latency(target, sizes, key=key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table.to_dict(), indent=1) + "\n", encoding="utf-8")
+    return table

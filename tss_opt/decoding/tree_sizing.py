@@ -1,0 +1,382 @@
+"""Draft trees sized to the hardware (Sequoia's idea, Chen et al. 2024, arXiv 2402.12374).
+
+Three parts, one per stage:
+
+1. :class:`LatencyTable`: the latency of one verification forward against the number of tree
+   nodes, measured once per (machine, model, dtype, device) on a warm cache and cached as JSON
+   (``storage/tree_sizing/latency-<key>.json``) with the measurement's date and its key.
+2. :class:`AcceptanceProfile`: per drafter, the probability that the rank-``r`` candidate
+   below an accepted node at depth ``d - 1`` is the target's next token (depth ``d``, rank
+   ``r``); measured from calibration prompts by :func:`measure_acceptance` (the engine's own
+   verification logits), or a prior.
+3. :func:`choose_tree`, a pure function: the tree (size, depth, branching; a plain chain; or
+   no speculation at all) maximising expected tokens per second::
+
+       rate(T) = (1 + sum_{v in T} prod_{u on path(v)} p(depth(u), rank(u)))
+                 / (draft_s(|T|) + latency(|T|))
+
+   The ``1`` is the target's bonus/correction token, committed by every step; ``latency(0)``
+   is a plain decoding step, so the empty tree is "no speculation" and wins when verifying
+   any tree costs more than it returns (this 2-core CPU), while a wide tree wins where
+   verifying 64 nodes costs about one token (a GPU).
+
+Setting: ``drafter.template=auto`` on ``token_recycle`` (and ``samd``'s fallback) sizes the
+template with :func:`auto_template`; a fixed template stays available.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafters.templates import TreeTemplate
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.decoding.tree_latency import (
+    DEFAULT_DIR,
+    DEFAULT_SIZES,
+    LatencyTable,
+    TreeSizingError,
+    hardware_key,
+    load_or_measure_latency,
+    measure_latency,
+)
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.target import TargetModel
+
+__all__ = [
+    "AUTO", "DEFAULT_DIR", "DEFAULT_SIZES", "PRIOR_RANK_ACCEPT", "AcceptanceCounter", "AcceptanceProfile",
+    "LatencyTable", "ProfilingDrafter", "TreeChoice", "TreeSizingError", "auto_template", "best_tree",
+    "choose_tree", "eagle_level_seconds", "hardware_key", "load_or_measure_latency", "load_profile",
+    "measure_acceptance", "measure_latency", "save_profile", "sibling_ranks", "sized_eagle",
+]
+
+AUTO = "auto"
+"""The template setting that asks for a hardware-sized tree."""
+# A prior for Token Recycling's candidates before any calibration (ranks 0..7): the paper's
+# adjacency table hits the target's next token with rank 0 about half the time, and the
+# lower ranks fall off quickly. Used only when no measured profile is cached.
+PRIOR_RANK_ACCEPT = (0.45, 0.12, 0.06, 0.04, 0.03, 0.02, 0.02, 0.01)
+
+
+# ------------------------------------------------------------------------------ acceptance
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    """``rank_accept[d - 1][r]``: probability that the rank-``r`` child of an accepted node at
+    depth ``d - 1`` (the root is depth 0) is the target's next token. Depths past the last
+    row use the last row; ranks past a row's end have probability 0."""
+
+    rank_accept: tuple[tuple[float, ...], ...]
+    name: str = "profile"
+
+    def __post_init__(self) -> None:
+        if not self.rank_accept or not all(self.rank_accept):
+            raise TreeSizingError(
+                f"acceptance profile {self.name}: {self.rank_accept!r}; give at least one depth with one rank"
+            )
+        for d, row in enumerate(self.rank_accept, start=1):
+            for r, p in enumerate(row):
+                if not 0.0 <= p <= 1.0:
+                    raise TreeSizingError(
+                        f"acceptance profile {self.name}: depth {d} rank {r} has p={p}; expected 0 <= p <= 1"
+                    )
+
+    def p(self, depth: int, rank: int) -> float:
+        row = self.rank_accept[min(depth, len(self.rank_accept)) - 1]
+        return float(row[rank]) if rank < len(row) else 0.0
+
+    @property
+    def max_rank(self) -> int:
+        return max(len(row) for row in self.rank_accept)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rank_accept": [list(r) for r in self.rank_accept]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceProfile:
+        return cls(rank_accept=tuple(tuple(float(p) for p in row) for row in data["rank_accept"]),
+                   name=str(data.get("name", "profile")))
+
+
+def sibling_ranks(tree: DraftTree) -> list[int]:
+    """Rank of every node among its siblings, in listing order (drafters list a parent's
+    candidates best first: Token Recycling's templates and EAGLE's top-k expansion)."""
+    seen: dict[int, int] = {}
+    out = []
+    for p in tree.parents:
+        out.append(seen.get(p, 0))
+        seen[p] = seen.get(p, 0) + 1
+    return out
+
+
+class AcceptanceCounter:
+    """Counts, per (depth, rank), how often a node whose parent was accepted (or is the root)
+    is the target's greedy next token. Fed by :class:`ProfilingDrafter`."""
+
+    def __init__(self, max_depth: int = 8, max_rank: int = 8) -> None:
+        self.hits = torch.zeros(max_depth, max_rank, dtype=torch.long)
+        self.trials = torch.zeros(max_depth, max_rank, dtype=torch.long)
+
+    def observe(self, tree: DraftTree, logits: torch.Tensor, accepted: Sequence[int]) -> None:
+        """``logits``: ``(n + 1, vocab)`` rows ``[root, node_0, ...]``."""
+        if not len(tree):
+            return
+        target_next = logits.argmax(dim=-1).cpu()  # [n + 1]
+        reached = {-1, *accepted}  # nodes whose children the target really continued from
+        ranks = sibling_ranks(tree)
+        D, R = self.hits.shape
+        for i, (p, d, r) in enumerate(zip(tree.parents, tree.depth, ranks, strict=True)):
+            if p not in reached or d > D or r >= R:
+                continue
+            self.trials[d - 1, r] += 1
+            self.hits[d - 1, r] += int(int(tree.tokens[i]) == int(target_next[p + 1]))
+
+    def profile(self, name: str = "measured", min_trials: int = 5) -> AcceptanceProfile:
+        """Hit rates; a cell with fewer than ``min_trials`` takes the row above's value
+        (depth 1: 0), so rare deep cells do not swing the choice."""
+        rows: list[tuple[float, ...]] = []
+        for d in range(self.hits.shape[0]):
+            row = []
+            for r in range(self.hits.shape[1]):
+                t = int(self.trials[d, r])
+                if t >= min_trials:
+                    row.append(float(self.hits[d, r]) / t)
+                else:
+                    row.append(rows[-1][r] if rows else 0.0)
+            rows.append(tuple(row))
+        return AcceptanceProfile(rank_accept=tuple(rows), name=name)
+
+
+class ProfilingDrafter(Drafter):
+    """Wraps a drafter and records its acceptance by depth and rank; drafts unchanged."""
+
+    def __init__(self, inner: Drafter, counter: AcceptanceCounter) -> None:
+        self.inner, self.counter = inner, counter
+        for flag in ("needs_prefill_feedback", "gives_confidence", "gives_distribution"):
+            setattr(self, flag, getattr(inner, flag, False))
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self.inner.reset(prompt_ids)
+
+    def propose(self, context: torch.Tensor) -> DraftTree:
+        return self.inner.propose(context)
+
+    def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:
+        return self.inner.propose_within(context, max_depth)
+
+    def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.inner.prefill_feedback(prompt_ids, logits, hidden)
+
+    def update(self, feedback: VerifyFeedback) -> None:
+        self.counter.observe(feedback.tree, feedback.logits, feedback.accepted)
+        self.inner.update(feedback)
+
+
+def measure_acceptance(
+    target: TargetModel,
+    drafter: Drafter,
+    prompts: Sequence[torch.Tensor],
+    *,
+    max_new_tokens: int = 32,
+    max_depth: int = 8,
+    max_rank: int = 8,
+    name: str = "measured",
+) -> AcceptanceProfile:
+    """Greedy-decode the calibration ``prompts`` with ``drafter`` (use a wide, deep template so
+    every (depth, rank) cell is tried) and return its acceptance profile."""
+    from tss_opt.decoding.engine import SpeculativeEngine
+
+    counter = AcceptanceCounter(max_depth, max_rank)
+    engine = SpeculativeEngine(target, ProfilingDrafter(drafter, counter))
+    for prompt in prompts:
+        engine.generate(prompt, max_new_tokens=max_new_tokens)
+    return counter.profile(name=name)
+
+
+# ------------------------------------------------------------------------------ the choice
+@dataclass(frozen=True)
+class TreeChoice:
+    """The chosen tree and why.
+
+    Attributes:
+        template: the tree's shape (0 nodes = no speculation).
+        expected_tokens: tokens committed per step (accepted + the bonus token).
+        step_s: draft + verification seconds per step.
+        candidates: ``(nodes, max_depth, tokens_per_s)`` of every tree compared.
+    """
+
+    template: TreeTemplate
+    expected_tokens: float
+    step_s: float
+    candidates: tuple[tuple[int, int, float], ...] = ()
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.expected_tokens / self.step_s
+
+    @property
+    def nodes(self) -> int:
+        return len(self.template)
+
+    def describe(self) -> str:
+        t = self.template
+        shape = "no speculation" if not len(t) else f"{len(t)} nodes, depth {t.max_depth}, levels {t.level_sizes()}"
+        return f"{shape}: {self.expected_tokens:.2f} tokens/step, {self.tokens_per_s:.1f} tokens/s expected"
+
+
+def best_tree(profile: AcceptanceProfile, num_nodes: int, max_depth: int) -> tuple[TreeTemplate, float]:
+    """The ``num_nodes``-node tree of depth <= ``max_depth`` with the most expected accepted
+    tokens under ``profile`` (greedy best-first on path probability, optimal because a
+    child's value never exceeds its parent's; Sequoia, section 3.1).
+
+    Returns:
+        ``(template, expected_accepted)`` (the bonus token not counted).
+    """
+    parents: list[int] = []
+    ranks: list[int] = []
+    value: list[float] = []
+    heap: list[tuple[float, int, int, int, int]] = [(-profile.p(1, 0), 0, -1, 0, 1)]
+    tie = 1
+    while heap and len(parents) < num_nodes:
+        neg_v, _, p, r, d = heapq.heappop(heap)
+        if -neg_v <= 0.0:
+            break  # nothing left that could be accepted
+        idx = len(parents)
+        parents.append(p)
+        ranks.append(r)
+        value.append(-neg_v)
+        pv = 1.0 if p < 0 else value[p]
+        if r + 1 < profile.max_rank:
+            heapq.heappush(heap, (-(pv * profile.p(d, r + 1)), tie, p, r + 1, d))
+            tie += 1
+        if d < max_depth:
+            heapq.heappush(heap, (-(value[idx] * profile.p(d + 1, 0)), tie, idx, 0, d + 1))
+            tie += 1
+    return TreeTemplate(parents=tuple(parents), ranks=tuple(ranks), name=f"auto_{len(parents)}_d{max_depth}"), math.fsum(value)
+
+
+def choose_tree(
+    latency: LatencyTable | Mapping[int, float],
+    profile: AcceptanceProfile,
+    *,
+    sizes: Iterable[int] | None = None,
+    max_depth: int = 8,
+    draft_s: Callable[[TreeTemplate], float] | float = 0.0,
+) -> TreeChoice:
+    """The tree that maximises expected tokens per second (pure: no measurement here).
+
+    Args:
+        latency: verification seconds per node count (``0`` = plain decoding step).
+        profile: acceptance by depth and rank.
+        sizes: node counts compared (default: the latency table's sizes).
+        max_depth: deepest level compared; every depth cap ``1..max_depth`` is tried per
+            size, so plain chains (depth = size) and flat trees are both candidates.
+        draft_s: seconds to draft a tree, a function of its template (EAGLE pays per
+            level: ``level_s * template.max_depth``) or a constant charged to every
+            non-empty tree.
+
+    Ties go to the smaller tree.
+    """
+    table = latency if isinstance(latency, LatencyTable) else LatencyTable(seconds=dict(latency))
+    cost = draft_s if callable(draft_s) else (lambda t, c=float(draft_s): c if len(t) else 0.0)
+    best = TreeChoice(TreeTemplate(parents=(), ranks=(), name="none"), 1.0, table.at(0))
+    cands: list[tuple[int, int, float]] = [(0, 0, best.tokens_per_s)]
+    for n in sorted(set(sizes if sizes is not None else table.sizes) - {0}):
+        for d in range(1, max_depth + 1):
+            tmpl, acc = best_tree(profile, n, d)
+            if len(tmpl) < n:
+                continue  # profile cannot fill n nodes under this depth: a smaller size covers it
+            choice = TreeChoice(tmpl, 1.0 + acc, cost(tmpl) + table.at(n))
+            cands.append((n, d, choice.tokens_per_s))
+            if choice.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
+                best = choice
+    return TreeChoice(best.template, best.expected_tokens, best.step_s, tuple(cands))
+
+
+def load_profile(drafter: str, directory: str | Path = DEFAULT_DIR) -> AcceptanceProfile:
+    """The drafter's measured profile (``<dir>/profile-<drafter>.json``), else the prior."""
+    path = Path(directory) / f"profile-{drafter}.json"
+    if path.is_file():
+        return AcceptanceProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    return AcceptanceProfile(rank_accept=(PRIOR_RANK_ACCEPT,), name="prior")
+
+
+def save_profile(profile: AcceptanceProfile, drafter: str, directory: str | Path = DEFAULT_DIR) -> Path:
+    path = Path(directory) / f"profile-{drafter}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def auto_template(
+    target: TargetModel,
+    drafter: str = "token_recycle",
+    *,
+    directory: str | Path = DEFAULT_DIR,
+    max_depth: int = 8,
+    max_rank: int | None = None,
+    max_nodes: int | None = None,
+) -> TreeChoice:
+    """``template=auto``: the cached (or freshly measured) latency table of this hardware and
+    the drafter's profile, fed to :func:`choose_tree`. ``max_rank`` caps the ranks (Token
+    Recycling keeps ``top_k`` candidates per token)."""
+    table = load_or_measure_latency(target, directory)
+    profile = load_profile(drafter, directory)
+    if max_rank is not None:
+        profile = AcceptanceProfile(tuple(row[:max_rank] for row in profile.rank_accept), profile.name)
+    sizes = [n for n in table.sizes if max_nodes is None or n <= max_nodes]
+    return choose_tree(table, profile, sizes=sizes, max_depth=max_depth)
+
+
+def eagle_level_seconds(target: TargetModel, drafter: Drafter, *, depth: int, new_tokens: int = 8) -> float:
+    """Seconds per drafted level of an EAGLE-style drafter (one head forward and one
+    ``lm_head`` projection per level): its draft time per step over a short greedy run on a
+    fixed random prompt, divided by ``depth``."""
+    from tss_opt.decoding.engine import SpeculativeEngine
+
+    vocab = int(target.model.config.vocab_size)
+    prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(0))
+    engine = SpeculativeEngine(target, drafter)
+    engine.generate(prompt, max_new_tokens=2)  # warm-up
+    stats = engine.generate(prompt, max_new_tokens=new_tokens).stats
+    return stats.draft_s / max(1, stats.steps) / depth
+
+
+def sized_eagle(
+    target: TargetModel,
+    head: Any,
+    *,
+    depth: int = 6,
+    top_k: int = 8,
+    return_probs: bool = False,
+    directory: str | Path = DEFAULT_DIR,
+) -> Drafter:
+    """``drafter=eagle total_tokens=auto``: the EAGLE-2 budget (``total_tokens`` = nodes + 1,
+    ``depth``) that maximises expected tokens per second, from the cached latency table, the
+    ``eagle`` profile (``profile-eagle.json``, else the prior) and the head's measured cost
+    per level; :class:`~tss_opt.decoding.engine.NoDrafter` when no tree pays."""
+    from tss_opt.decoding.drafters.eagle import EagleDrafter
+    from tss_opt.decoding.engine import NoDrafter
+
+    table = load_or_measure_latency(target, directory)
+    profile = load_profile("eagle", directory)
+    profile = AcceptanceProfile(tuple(row[:top_k] for row in profile.rank_accept), profile.name)
+    level_s = eagle_level_seconds(target, EagleDrafter(head, total_tokens=60, depth=depth, top_k=top_k), depth=depth)
+    choice = choose_tree(table, profile, max_depth=depth, draft_s=lambda t: level_s * t.max_depth)
+    if not choice.nodes:
+        drafter: Drafter = NoDrafter()
+    else:
+        drafter = EagleDrafter(
+            head, total_tokens=choice.nodes + 1, depth=choice.template.max_depth, top_k=top_k,
+            return_probs=return_probs,
+        )
+    drafter.choice = choice  # type: ignore[attr-defined]
+    return drafter
