@@ -30,7 +30,6 @@ from tss_opt.decoding.verify.arbitration import (
     ThresholdPolicy,
 )
 from tss_opt.decoding.verify.relaxed import (
-    DISTRIBUTION_DRAFTERS,
     RelaxedVerificationError,
     Verifier,
 )
@@ -168,7 +167,9 @@ def test_pld_is_refused_naming_the_drafters_that_give_distributions(tiny64):
         with pytest.raises(RelaxedVerificationError) as err:
             SpeculativeEngine(TargetModel(tiny64.model), PromptLookupDrafter(num_tokens=4), verification=mode)
         msg = str(err.value)
-        assert "PromptLookupDrafter" in msg and all(name in msg for name in DISTRIBUTION_DRAFTERS)
+        # The engine sits below the drafter registry: it names the drafter and where the
+        # shipped alternatives are listed (commands name them: tests/cli, tests/report).
+        assert "PromptLookupDrafter" in msg and "distribution_drafters()" in msg
     # exact with pld is fine, and plain decoding accepts any rule
     SpeculativeEngine(TargetModel(tiny64.model), PromptLookupDrafter(num_tokens=4), verification="exact")
     SpeculativeEngine(TargetModel(tiny64.model), None, verification="diversed")

@@ -146,12 +146,12 @@ def check_distribution_drafter(mode: Any, drafter: dict[str, Any]) -> None:
     Raises:
         RelaxedVerificationError: naming the drafter and the ones that give distributions.
     """
-    from tss_opt.decoding.drafters.registry import drafter_capabilities
+    from tss_opt.decoding.drafters.registry import distribution_drafters, drafter_capabilities
     from tss_opt.decoding.verify.relaxed import refuse_drafter
 
     caps = drafter_capabilities(drafter)  # the drafter class's declaration, nothing built
     if caps is None or not caps.distribution:
-        raise refuse_drafter(mode, str(drafter.get("name")))
+        raise refuse_drafter(mode, str(drafter.get("name")), distribution_drafters())
 
 
 def search_settings(cfg: DictConfig) -> SearchSettings:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.drafters.registry import distribution_drafters
 from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.skip import validate_skip
 from tss_opt.decoding.stats import DecodeStats
@@ -287,7 +288,7 @@ def run_heldout(
     if lossy:
         probe = drafter_factory()  # refuse before hours of measurement, not at the lossy domain
         if probe is None or not probe.capabilities.distribution:
-            err = refuse_drafter(verifiers[lossy[0]].mode, drafter or type(probe).__name__)  # type: ignore[union-attr]
+            err = refuse_drafter(verifiers[lossy[0]].mode, drafter or type(probe).__name__, distribution_drafters())  # type: ignore[union-attr]
             raise ReportError(
                 f"the mapping entries of {', '.join(lossy)} are lossy and are measured under their rule: {err} "
                 "(report with the drafter they were tuned with, or report_domains=[...] without them)"

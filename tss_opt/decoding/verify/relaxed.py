@@ -24,7 +24,7 @@ residual draw), so the output differs from exact decoding only through kept draf
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,22 +43,6 @@ from tss_opt.decoding.verify.blend_weight import WeightPolicy
 from tss_opt.errors import TSSError
 
 
-def distribution_drafter_names() -> tuple[str, ...]:
-    """Shipped drafters that give a per-node distribution (``DraftTree.probs``): the ones
-    relaxed verification accepts, read from their classes' ``capabilities`` (PLD, SAMD and
-    Token Recycling propose tokens without one)."""
-    from tss_opt.decoding.drafters.registry import distribution_drafters
-
-    return tuple(distribution_drafters())
-
-
-def __getattr__(name: str) -> Any:
-    # DISTRIBUTION_DRAFTERS (a former constant) is computed from the drafters' capabilities.
-    if name == "DISTRIBUTION_DRAFTERS":
-        return distribution_drafter_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class RelaxedVerificationError(TSSError):
     """A relaxed verification setting the user must fix (mode, weight, drafter)."""
 
@@ -74,11 +58,22 @@ def check_weight(weight: float) -> float:
     return w
 
 
-def refuse_drafter(mode: Verification | str, drafter_name: str) -> RelaxedVerificationError:
-    """The error for a relaxed mode with a drafter that gives no distribution."""
+def refuse_drafter(
+    mode: Verification | str, drafter_name: str, supported: Sequence[str] = ()
+) -> RelaxedVerificationError:
+    """The error for a relaxed mode with a drafter that gives no distribution.
+
+    ``supported``: the shipped drafters that give one, named by callers that know the
+    registry (``tss_opt.decoding.drafters.registry.distribution_drafters()``); this module
+    sits below the registry and does not import it.
+    """
+    use = f"use one of: {', '.join(supported)}" if supported else (
+        "use a drafter whose capabilities declare a distribution (the shipped ones: "
+        "tss_opt.decoding.drafters.registry.distribution_drafters())"
+    )
     return RelaxedVerificationError(
         f"verification={mode} needs a drafter that gives a distribution per draft token, but drafter "
-        f"{drafter_name!r} gives none; use one of: {', '.join(distribution_drafter_names())} (or verification=exact)"
+        f"{drafter_name!r} gives none; {use} (or verification=exact)"
     )
 
 
@@ -183,7 +178,8 @@ class Verifier:
         if len(tree) and tree.probs is None:
             raise RelaxedVerificationError(
                 f"verification={self.mode} got a draft without per-node distributions (DraftTree.probs); "
-                f"use one of the drafters {', '.join(distribution_drafter_names())} (with return_probs)"
+                "use a drafter whose capabilities declare a distribution (with return_probs; the shipped "
+                "ones: tss_opt.decoding.drafters.registry.distribution_drafters())"
             )
         if sampler is not None and tree.sampled_probs is not None:
             return self._sampled_chain(tree, logits, temperature, generator)
