@@ -271,8 +271,9 @@ class EagleDrafter(Drafter):
         node_probs = None
         if probs is not None:  # rows of log-probabilities -> each kept node's distribution
             rows, node_dist = probs
-            index = upload(torch.tensor([node_dist[u] for u in keep], dtype=torch.long), rows.device)
-            node_probs = rows[index].float().exp()  # [n, V]
+            # (not `index`: that maps kept nodes to their new positions, for the parents below)
+            dist_rows = upload(torch.tensor([node_dist[u] for u in keep], dtype=torch.long), rows.device)
+            node_probs = rows[dist_rows].float().exp()  # [n, V]
         tree = DraftTree(
             tokens=torch.tensor([tokens[u] for u in keep], dtype=torch.long),
             parents=tuple(-1 if parents[u] == -1 else index[parents[u]] for u in keep),
