@@ -86,18 +86,18 @@ def test_evaluator_under_a_small_budget_keeps_its_bound_and_its_tokens(tiny):
 
 @pytest.mark.timeout(600)
 def test_search_releases_calibration_prefills_before_validation(tmp_path, monkeypatch):
-    import tss_opt.assembly as assembly
+    import tss_opt.cli.search as search_command
     from tss_opt.assembly import compose_config
     from tss_opt.cli.search import search
 
     seen: list[tuple[int, int]] = []
-    real = assembly.validation_evaluator
+    real = search_command.validation_evaluator
 
-    def spy(cfg, evaluator):  # records the calibration store when validation starts
+    def spy(cfg, evaluator, domain=None):  # records the calibration store when validation starts
         seen.append((len(evaluator._prefills), evaluator._prefills.misses))
-        return real(cfg, evaluator)
+        return real(cfg, evaluator, domain)
 
-    monkeypatch.setattr(assembly, "validation_evaluator", spy)
+    monkeypatch.setattr(search_command, "validation_evaluator", spy)
     cfg = compose_config([
         "+domain=translation", "+model=tiny", "search=algorithm1", "search.prompts=4", "max_new_tokens=6",
         "search.max_depth=1", "search.early_barrier=1", "search.latter_barrier=1", "search.validation_prompts=4",
