@@ -83,13 +83,19 @@ def test_exact_batching_table_is_data():
 
 
 def test_an_unknown_drafter_class_runs_the_engine():
-    class Mine:  # neither a shipped drafter nor one declaring replayable = True
-        pass
+    from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
+    from tss_opt.decoding.tree import DraftTree
 
-    c = choose_evaluator(**EXACT, drafter=Mine(), drafter_name="mine")  # type: ignore[arg-type]
+    class Mine(Drafter):  # a user's drafter that declares nothing: not known to be replayable
+        def propose(self, context: torch.Tensor) -> DraftTree:
+            return DraftTree.empty()
+
+    class MineReplayable(Mine):
+        capabilities = DrafterCapabilities(replayable=True)
+
+    c = choose_evaluator(**EXACT, drafter=Mine(), drafter_name="mine")
     assert c.kind == "engine" and "drafter mine is not replayable" in c.reason
-    Mine.replayable = True  # type: ignore[attr-defined]
-    assert choose_evaluator(**EXACT, drafter=Mine(), drafter_name="mine").kind == "replay"  # type: ignore[arg-type]
+    assert choose_evaluator(**EXACT, drafter=MineReplayable(), drafter_name="mine").kind == "replay"
 
 
 # --- built from the configuration -----------------------------------------------------------------
