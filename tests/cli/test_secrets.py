@@ -71,8 +71,10 @@ def test_password_appears_nowhere(tmp_path: Path) -> None:
         assert r.returncode == 2 and r.stderr.startswith("error:"), mask_secrets(r.stderr)
         outputs.append(r.stdout + r.stderr)
         assert PASSWORD not in outputs[-1], f"password in the output of step {len(outputs)}"
-        # ...an unexpected failure (Hydra would echo the overrides)...
-        r = _run(["-m", "tss_opt", *common, f"storage={URL}", "evaluator._target_=no.such.fn"], tmp_path)
+        # ...an unexpected failure (Hydra would echo the overrides); a study of its own, since
+        # the evaluator is part of a study's identity (the first study would refuse it, exit 2)...
+        broken = [*SMALL, f"study_name={study}-broken", f"mapping_path={mapping}"]
+        r = _run(["-m", "tss_opt", *broken, f"storage={URL}", "evaluator._target_=no.such.fn"], tmp_path)
         assert r.returncode == 1 and "Traceback" in r.stderr
         outputs.append(r.stdout + r.stderr)
         assert PASSWORD not in outputs[-1], f"password in the output of step {len(outputs)}"
@@ -103,7 +105,8 @@ def test_password_appears_nowhere(tmp_path: Path) -> None:
         assert PASSWORD not in dump
         assert "postgres:***@" in mapping.read_text()
     finally:
-        try:
-            optuna.delete_study(study_name=study, storage=URL)
-        except KeyError:
-            pass
+        for name in (study, f"{study}-broken"):
+            try:
+                optuna.delete_study(study_name=name, storage=URL)
+            except KeyError:
+                pass
