@@ -492,6 +492,13 @@ class ReplayEvaluator(PromptSetEvaluator):
         """
         return self.evaluate_group([skip], prompt_ids)[0]
 
+    def call_group(
+        self, skips: Sequence[frozenset[int]], prompt_ids: Sequence[int] | None = None
+    ) -> list[dict[str, Any]]:
+        """The search's grouped contract (:mod:`tss_opt.search.grouping`): one evaluator answer
+        per skip set, as ``self(skip, prompt_ids)`` gives it."""
+        return [r.to_dict() for r in self.evaluate_group(skips, prompt_ids)]
+
     def evaluate_group(
         self, skips: Sequence[frozenset[int] | Sequence[int]], prompt_ids: Sequence[int] | None = None
     ) -> list[EvalResult]:
