@@ -45,7 +45,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sets", type=int, default=len(SKIPS), help="the first N skip sets of the level")
     args = ap.parse_args()
+    skips = SKIPS[: args.sets]
     groups = [int(g) for g in args.groups.split(",")]
     torch.set_num_threads(args.threads)
     cfg = compose_config([f"dtype={args.dtype}", f"+domain={args.domain}", "drafter=pld"])
@@ -59,16 +61,16 @@ def main() -> None:
     )
     print(
         f"{len(ex)} {args.domain} prompts x {args.max_new_tokens} tokens, prompt lookup (10), replay batch "
-        f"{args.batch_size}, {args.dtype}, {args.threads} thread(s), {len(SKIPS)} single-layer skip sets "
-        f"{[sorted(s)[0] for s in SKIPS]}, {args.repeats} timed rounds (median), CPU"
+        f"{args.batch_size}, {args.dtype}, {args.threads} thread(s), {len(skips)} single-layer skip sets "
+        f"{[sorted(s)[0] for s in skips]}, {args.repeats} timed rounds (median), CPU"
     )
     ev.evaluate(frozenset())  # warm-up: caches the dense prefills of every batch
 
     def per_trial() -> list:
-        return [ev.evaluate(s) for s in SKIPS]
+        return [ev.evaluate(s) for s in skips]
 
     def grouped(g: int):
-        return lambda: [r for k in range(0, len(SKIPS), g) for r in ev.evaluate_group(SKIPS[k : k + g])]
+        return lambda: [r for k in range(0, len(skips), g) for r in ev.evaluate_group(skips[k : k + g])]
 
     arms = {"per-trial": per_trial, **{f"group={g}": grouped(g) for g in groups}}
     times: dict[str, list[float]] = {k: [] for k in arms}
@@ -77,11 +79,11 @@ def main() -> None:
         for name, arm in arms.items():
             t0 = time.perf_counter()
             results[name] = arm()
-            times[name].append((time.perf_counter() - t0) / len(SKIPS))
+            times[name].append((time.perf_counter() - t0) / len(skips))
             print(f"# round {rep + 1} {name}: {times[name][-1]:.2f} s/trial", file=sys.stderr, flush=True)
     base = results["per-trial"]
     t_base = statistics.median(times["per-trial"])
-    n = len(SKIPS) * len(ex)
+    n = len(skips) * len(ex)
     lines = [
         "| arm | s per trial (median) | rounds | per-trial / this | outputs = per-trial | A = per-trial |",
         "|---|---:|---|---:|---:|---:|",
