@@ -26,7 +26,7 @@ __all__ = ["AUTO_GROUP_SIZE", "group_call", "parse_group_size", "resolve_group_s
 
 log = logging.getLogger("tss_opt.search")
 
-AUTO_GROUP_SIZE: dict[str, int] = {"cpu": 1, "cuda": 8}
+AUTO_GROUP_SIZE: dict[str, int] = {"cpu": 2, "cuda": 4}
 """``group_size: auto`` per device type (docs/evaluator.md, "Grouped trials", for the why)."""
 
 
