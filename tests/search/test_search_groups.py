@@ -135,3 +135,39 @@ def test_sigkilled_grouping_worker_leaves_its_group_to_be_retried(storage_url, s
     assert set(failed) == rerun  # the killed group's trials went stale and were re-run once
     for out in outputs(tmp_path):
         assert out["best"] == sorted(ref.best)
+
+
+# A real SIGINT at a storage write of a grouping worker (test_search_faults' machinery, with
+# --group-size 3): between two claims ("take-after": the claims so far are failed as
+# interrupted), while writing a grouped trial's attributes and before its tell (held: the
+# group's trials are told, then the worker stops). Runs interrupted of the two armed runs.
+GROUP_INSTANTS = {
+    "take-after": ("sigint:set_trial_state_values:after:RUNNING@2", 2),
+    "attributes": ("sigint:set_trial_user_attr:before:feasible@2", 1),
+    "tell-before": ("sigint:set_trial_state_values:before:COMPLETE@2", 1),
+}
+
+
+@pytest.mark.parametrize("instant", list(GROUP_INSTANTS))
+def test_interrupt_of_a_grouping_worker_resumes_to_the_same_search(tmp_path, study_name: str, instant: str) -> None:
+    from search_procs import run_one
+    from test_search_faults import ARGS, assert_interrupted, assert_same_search
+
+    from tss_opt.cli.common import EXIT_INTERRUPTED
+
+    url = f"sqlite:///{tmp_path / 'tss.db'}"
+    fault, interrupted = GROUP_INSTANTS[instant]
+    codes = []
+    for i in range(2):  # the same fault armed twice in a row
+        code, err = run_one(url, study_name, tmp_path, f"worker{i}", *ARGS, "--group-size", "3", "--fault", fault)
+        codes.append(code)
+        if code != 0:
+            assert_interrupted(code, err)
+    assert codes == [EXIT_INTERRUPTED] * interrupted + [0] * (2 - interrupted), codes
+    trials = optuna.load_study(study_name=study_name, storage=url).get_trials()
+    if instant == "take-after":  # every claim of the interrupted groups was failed as interrupted
+        failed = [t for t in trials if t.state == TrialState.FAIL]
+        assert failed and all(t.system_attrs[FAIL_REASON_KEY] == INTERRUPTED_REASON for t in failed)
+    code, err = run_one(url, study_name, tmp_path, "worker2", *ARGS, "--group-size", "3")
+    assert code == 0, err[-3000:]
+    assert_same_search(url, study_name, tmp_path)
