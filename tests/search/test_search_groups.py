@@ -171,3 +171,17 @@ def test_interrupt_of_a_grouping_worker_resumes_to_the_same_search(tmp_path, stu
     code, err = run_one(url, study_name, tmp_path, "worker2", *ARGS, "--group-size", "3")
     assert code == 0, err[-3000:]
     assert_same_search(url, study_name, tmp_path)
+
+
+def test_memo_groups_only_what_it_has_not_measured() -> None:
+    from tss_opt.search.grouping import group_call
+    from tss_opt.search.memo import MemoEvaluator
+
+    inner = GroupLandscape(L, SEED)
+    memo = MemoEvaluator(inner)
+    assert group_call(memo) is not None and group_call(MemoEvaluator(Landscape(L, SEED))) is None
+    a, b, c = frozenset({1}), frozenset({2}), frozenset({1, 3})
+    assert memo.call_group([a, b]) == [inner.measure(a), inner.measure(b)]
+    assert memo.call_group([b, c, a]) == [inner.measure(b), inner.measure(c), inner.measure(a)]
+    assert inner.groups == [[a, b], [c]]
+    assert (memo.hits, memo.misses) == (2, 3)
