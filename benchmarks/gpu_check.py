@@ -16,9 +16,11 @@ package, e.g. on the lent GPU machine, a random 16-layer Llama built in code sta
    run twice gives the same tokens; for deterministic drafters the seeded sampled output
    equals plain sampling with that seed. Also: tokens/s and host reads per step (on a GPU
    only reads of device tensors count: the real syncs; docs/engine.md has the bounds).
-2. **Engine vs replay**: trial time and per-prompt equality of the two evaluators (prompt
-   lookup, dense and sparse) in float32 and bfloat16.
-3. **A larger model**: the same engine-vs-replay trial (outputs compared per prompt) on the
+2. **Engine vs replay vs grouped replay**: trial time and per-prompt equality of the two
+   evaluators (prompt lookup, dense and sparse) in float32 and bfloat16; then grouped replay
+   (issue 21): ``GPU_CHECK_GROUP`` skip sets (default 8 on a GPU, 2 on a CPU) generated in one
+   batch against the same sets replayed one at a time (seconds per trial, outputs equal).
+3. **A larger model**: the same engine-vs-replay-vs-grouped trial (outputs compared per prompt) on the
    local checkpoint ``GPU_CHECK_MODEL_PATH`` (a transformers directory; in float16 on a GPU), if
    given; only the domain's prompts that fit its context run.
 
@@ -28,7 +30,7 @@ default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3), GPU_CHECK_DTYP
 default float32,bfloat16), GPU_CHECK_MODEL (``random``: the stand-in even where the embedded
 model is installed), GPU_CHECK_DOMAIN (sections 2-3; default summarization), GPU_CHECK_TOKENS, GPU_CHECK_PROMPTS, GPU_CHECK_BUDGET_S (stop
 starting new work after this many seconds; default 480 on a GPU, 1800 on a CPU), GPU_CHECK_MODEL_PATH,
-GPU_CHECK_MODEL_LAYERS_PATH (default model.layers).
+GPU_CHECK_MODEL_LAYERS_PATH (default model.layers), GPU_CHECK_GROUP (grouped replay: skip sets per batch).
 """
 
 from __future__ import annotations
@@ -231,8 +233,10 @@ def _one_drafter(
 
 
 def engine_vs_replay(rep: Report, model_cfg: dict[str, Any], label: str, tokens: int, n_prompts: int,
-                     batch_size: int) -> None:
-    """Section 2/3: one trial per evaluator and skip set (after an untimed warm-up)."""
+                     batch_size: int, group: int = 1) -> None:
+    """Section 2/3: one trial per evaluator and skip set (after an untimed warm-up); with
+    ``group`` > 1 also grouped replay (issue 21): ``group`` skip sets per batch against the
+    same sets replayed one at a time (seconds per trial; outputs equal per prompt)."""
     from omegaconf import OmegaConf
 
     from tss_opt.config import config_dir
@@ -280,10 +284,41 @@ def engine_vs_replay(rep: Report, model_cfg: dict[str, Any], label: str, tokens:
                      f"{r['accept_length']:.3f} | {same}/{len(ex)} |")
             if same < len(ex) and label.endswith("float32"):
                 rep.fail(f"replay {label} skip={sorted(skip)} {name}: {len(ex) - same} prompt(s) differ from the engine")
+    if group > 1:
+        _grouped_replay(rep, evs[f"replay bs={batch_size}"], label, loaded.num_layers, sparse, group,
+                        results["engine"]["_s"], len(ex))
     del evs, target, loaded
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
+
+def _grouped_replay(rep: Report, ev: Any, label: str, num_layers: int, sparse: frozenset[int], group: int,
+                    engine_s: float, n: int) -> None:
+    """The grouped-replay rows: ``group`` skip sets (the sparse one and single layers) per
+    trial one at a time, then as one group; the engine column is the sparse set's engine trial."""
+    target = ev.target
+    singles = [frozenset({i}) for i in range(2, num_layers - 1)]
+    step = max(1, len(singles) // max(1, group - 1))
+    sets = [sparse, *singles[::step]][:group]
+    ev.call_group(sets)  # warm-up: the grouped batch shapes
+    _sync_device(target.device)
+    t0 = time.perf_counter()
+    alone = [ev(s) for s in sets]
+    _sync_device(target.device)
+    t_one = (time.perf_counter() - t0) / len(sets)
+    t0 = time.perf_counter()
+    grouped = ev.call_group(sets)
+    _sync_device(target.device)
+    t_grp = (time.perf_counter() - t0) / len(sets)
+    pairs = [(a, g) for ra, rg in zip(alone, grouped) for a, g in zip(ra["per_prompt"], rg["per_prompt"])]
+    same = sum(a["tokens"] == g["tokens"] and a["accept_length"] == g["accept_length"] for a, g in pairs)
+    rep.line(f"| {label} | {len(sets)} sets | replay per-trial | {t_one:.2f} | {engine_s / t_one:.2f}x | "
+             f"{alone[0]['accept_length']:.3f} | (reference) |")
+    rep.line(f"| {label} | {len(sets)} sets | grouped replay G={len(sets)} | {t_grp:.2f} | {engine_s / t_grp:.2f}x | "
+             f"{grouped[0]['accept_length']:.3f} | {same}/{len(pairs)} = per-trial (per-trial / grouped "
+             f"{t_one / t_grp:.2f}x) |")
+    if same < len(pairs) and label.endswith("float32"):
+        rep.fail(f"grouped replay {label}: {len(pairs) - same} (set, prompt) pair(s) differ from per-trial replay")
 
 
 def main() -> int:
@@ -323,6 +358,7 @@ def main() -> int:
     rep.line("|---|---|---|---:|---:|---:|---:|")
     ev_prompts = 8 if on_gpu else 2
     ev_tokens = 64 if on_gpu else 8
+    ev_group = int(os.environ.get("GPU_CHECK_GROUP", "8" if on_gpu else "2"))
     if "2" not in sections:
         rep.skip("section 2 (engine vs replay)", "not in GPU_CHECK_SECTIONS")
     for dtype in ("float32", "bfloat16") if "2" in sections else ():
@@ -331,7 +367,7 @@ def main() -> int:
             continue
         try:
             mc = base_model(dtype, device)
-            engine_vs_replay(rep, mc, f"{mc['name']} {dtype}", ev_tokens, ev_prompts, batch_size=8)
+            engine_vs_replay(rep, mc, f"{mc['name']} {dtype}", ev_tokens, ev_prompts, batch_size=8, group=ev_group)
         except Exception as e:
             rep.fail(f"engine vs replay {dtype}: {type(e).__name__}: {e}")
             traceback.print_exc(limit=3)
@@ -355,7 +391,8 @@ def main() -> int:
                "dtype": "float16" if on_gpu else "float32",
                "layers_path": os.environ.get("GPU_CHECK_MODEL_LAYERS_PATH", "model.layers")}
         try:
-            engine_vs_replay(rep, big, f"{big['name']} {big['dtype']}", ev_tokens, ev_prompts, batch_size=8)
+            engine_vs_replay(rep, big, f"{big['name']} {big['dtype']}", ev_tokens, ev_prompts, batch_size=8,
+                             group=ev_group)
         except Exception as e:
             rep.fail(f"larger model {path}: {type(e).__name__}: {e}")
             traceback.print_exc(limit=3)

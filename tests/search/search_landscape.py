@@ -123,3 +123,38 @@ def read_log(path: str | os.PathLike[str]) -> list[tuple[str, frozenset[int]]]:
         what, _, layers = line.partition(" ")
         out.append((what, frozenset(int(x) for x in layers.split(",") if x)))
     return out
+
+
+class GroupLandscape(Landscape):
+    """A :class:`Landscape` that evaluates several skip sets per call (grouped trials, issue 21):
+    ``call_group`` logs a ``start`` line for every set, sleeps once for the group (one batch)
+    and logs ``done`` for every set; a set in ``kill_on`` kills the process once, mid-group."""
+
+    supports_groups = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.groups: list[list[frozenset[int]]] = []
+
+    def call_group(self, skips: list[frozenset[int]], prompt_ids: Any = None) -> list[dict[str, Any]]:
+        sets = [frozenset(s) for s in skips]
+        self.groups.append(sets)
+        for s in sets:
+            self.calls += 1
+            self._log("start", s)
+            if self.interrupt_after is not None and self.calls == self.interrupt_after:
+                raise KeyboardInterrupt
+        for s in sets:
+            if s in self.kill_on and self.log_path is not None:
+                marker = self.log_path.with_name("killed-" + "_".join(map(str, sorted(s))) + ".marker")
+                if not marker.exists():
+                    marker.write_text(str(os.getpid()))
+                    os.kill(os.getpid(), 9)
+        if self.sleep:
+            time.sleep(self.sleep)
+        out = []
+        for s in sets:
+            out.append(self.measure(s))
+            self.seen.append(s)
+            self._log("done", s)
+        return out

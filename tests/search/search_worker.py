@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault", default=None, help="SIGNAL:METHOD:WHEN:MATCH (see arm_fault)")
     p.add_argument("--ready", default=None, help="a file touched when the search starts")
     p.add_argument("--n-workers", type=int, default=3)
+    p.add_argument("--group-size", type=int, default=1, help="> 1: a GroupLandscape, grouped claims")
     args = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(process)d %(name)s %(message)s"
@@ -110,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         arm_fault(args.fault)
     if args.ready:
         Path(args.ready).touch()
-    from search_landscape import Landscape
+    from search_landscape import GroupLandscape, Landscape
 
     from tss_opt.search import run_search
 
-    land = Landscape(
+    land = (GroupLandscape if args.group_size > 1 else Landscape)(
         args.layers,
         args.seed,
         sleep=args.sleep,
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=args.heartbeat,
         grace_period=args.grace,
         n_workers_hint=args.n_workers,
+        group_size=args.group_size,
         metadata={"model": "synthetic", "domain": "qa", "drafter": "none", "split": "calibration"},
     )
     with open(args.out, "w") as f:
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pool": list(result.pool),
                 "levels": [[lv.level, lv.evaluated, lv.feasible] for lv in result.levels],
                 "calls": land.calls,
+                "groups": [len(g) for g in getattr(land, "groups", [])],
             },
             f,
         )

@@ -190,6 +190,11 @@ class SearchSettings:
         futility_stopping: With early stopping, a chunked trial also stops when its final
             verdict can no longer pass at ``confidence`` (looks corrected), even if its mean
             loss may be within the tolerance (issue 21; docs/search.md, "Futility stopping").
+        group_size: Queued trials a worker claims and evaluates in one batch (issue 21): a
+            positive integer (1 = one at a time) or ``"auto"`` (by device:
+            :data:`tss_opt.search.grouping.AUTO_GROUP_SIZE`). Only evaluators that generate
+            several skip sets together (replay) group; not part of the study identity (the
+            figures do not depend on it).
     """
 
     mode: Mode = Mode.exhaustive
@@ -214,6 +219,7 @@ class SearchSettings:
     early_stopping: bool = True
     early_stop_chunk: int = 4
     futility_stopping: bool = True
+    group_size: Any = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -256,6 +262,7 @@ class SearchSettings:
         _int("early_stop_chunk", self.early_stop_chunk, minimum=2)
         if not isinstance(self.futility_stopping, bool):
             raise SearchSettingsError(f"futility_stopping={self.futility_stopping!r} must be True or False.")
+        self.group_size = parse_group_size(self.group_size)
         _int("heartbeat_interval", self.heartbeat_interval, minimum=1)
         _int("grace_period", self.grace_period, minimum=1)
         if self.grace_period <= self.heartbeat_interval:
@@ -310,6 +317,24 @@ class SearchSettings:
                 f"Unknown search setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}."
             )
         return cls(**dict(values))
+
+
+def parse_group_size(value: Any) -> int | str:
+    """``"auto"`` or a positive integer (``"4"`` from a command line becomes ``4``).
+
+    Raises:
+        SearchSettingsError: anything else, naming the value and the fix.
+    """
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SearchSettingsError(
+            f"group_size={value!r} is invalid; expected a positive integer (1 = one trial at a time) or "
+            "'auto' (the device's default), e.g. search.group_size=4"
+        )
+    return value
 
 
 def _plain(value: Any) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -41,6 +41,10 @@ class TargetModel:
     def skip(self, layers: Iterable[int]) -> AbstractContextManager[frozenset[int]]:
         """Context manager: bypass ``layers`` (the project's one skip mechanism)."""
         return self.skipper.apply(layers)
+
+    def skip_rows(self, row_skips: Sequence[Iterable[int]]) -> AbstractContextManager[tuple[frozenset[int], ...]]:
+        """Context manager: batch row ``r`` bypasses ``row_skips[r]`` (grouped trials)."""
+        return self.skipper.apply_rows(row_skips)
 
     def new_cache(self) -> SkipAwareCache:
         return SkipAwareCache(config=self.model.config)

@@ -59,6 +59,7 @@ __all__ = [
     "check_replay_protocol",
     "check_replayable",
     "default_batch_size",
+    "grouped_greedy",
     "replay_stats",
 ]
 
@@ -186,38 +187,94 @@ def batched_greedy(
     positions are explicit and masks are additive 4-D tensors sized by the caller, so skipped
     layers with shorter (or empty, layer 0) caches cannot corrupt them (FACTS.md).
     """
-    skip = frozenset(int(i) for i in skip)
+    return grouped_greedy(
+        target, prompts, [skip], max_new_tokens=max_new_tokens, scope=scope, eos_token_ids=eos_token_ids,
+        keep_hidden=keep_hidden, prefill=prefill,
+    )[0]
+
+
+def _tile(state: _Prefill, group: int) -> _Prefill:
+    """``state`` (batch ``B``) repeated ``group`` times along the batch: row ``g * B + b`` is
+    prompt ``b``. The cache is new (the repeat copies); ``group == 1`` returns ``state``."""
+    if group == 1:
+        return state
+    cache = copy.copy(state.cache)
+    cache.layers = [copy.copy(layer) for layer in state.cache.layers]
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            layer.keys = layer.keys.repeat(group, 1, 1, 1)  # [G*B, H_kv, P, D]
+            layer.values = layer.values.repeat(group, 1, 1, 1)
+    hidden = None if state.hidden is None else state.hidden.repeat(group, 1, 1)
+    return _Prefill(cache=cache, logits=state.logits.repeat(group, 1), hidden=hidden)
+
+
+@torch.inference_mode()
+def grouped_greedy(
+    target: TargetModel,
+    prompts: Sequence[torch.Tensor],
+    skips: Sequence[Iterable[int]],
+    *,
+    max_new_tokens: int,
+    scope: str = "verify",
+    eos_token_ids: Iterable[int] = (),
+    keep_hidden: bool = False,
+    prefill: Callable[[], Any] | None = None,
+) -> list[list[Generation]]:
+    """:func:`batched_greedy` for a group of skip sets at once: one batch of
+    ``len(skips) * len(prompts)`` rows (issue 21, grouped trials).
+
+    Row ``g * B + b`` decodes prompt ``b`` under ``skips[g]``
+    (:meth:`~tss_opt.decoding.skip.SkipController.apply_rows`). In ``verify`` scope the dense
+    prefill of the ``B`` prompts is computed once (or taken from ``prefill``) and repeated
+    for every skip set; under ``"all"`` each row is prefilled with its own set.
+
+    Returns:
+        ``result[g][b]``: prompt ``b``'s generation under ``skips[g]``; equal to
+        ``batched_greedy(..., skip=skips[g])[b]`` (every row computes as it would alone).
+    """
+    groups = [frozenset(int(i) for i in s) for s in skips]
+    if not groups:
+        raise ReplayError("grouped_greedy got no skip sets; pass at least one")
+    G = len(groups)
     eos = frozenset(int(t) for t in eos_token_ids)
     dev = target.device
-    lens = torch.tensor([int(p.numel()) for p in prompts])
-    B, P = len(prompts), int(lens.max())
-    pad = P - lens
-    for n in lens.tolist():
+    lens1 = torch.tensor([int(p.numel()) for p in prompts])
+    B, P = len(prompts), int(lens1.max())
+    for n in lens1.tolist():
         target.check_fits(n, max_new_tokens)
-    if prefill is not None:
-        state = prefill()
+    lens = lens1.repeat(G)  # [G*B]
+    pad = P - lens
+    rows = [s for s in groups for _ in range(B)]  # row g * B + b skips groups[g]
+    if scope == "all":
+        with target.skip_rows(rows):
+            state = _prefill(target, list(prompts) * G, keep_hidden)
     else:
-        with target.skip(skip if scope == "all" else ()):
-            state = _prefill(target, prompts, keep_hidden)
+        if prefill is not None:
+            dense = prefill()
+        else:
+            with target.skip(()):
+                dense = _prefill(target, prompts, keep_hidden)
+        state = _tile(dense, G)
     cache = state.cache
-    tok = state.logits.argmax(-1)  # [B]
-    out = torch.empty(B, max_new_tokens, dtype=torch.long)
+    R = G * B
+    tok = state.logits.argmax(-1)  # [R]
+    out = torch.empty(R, max_new_tokens, dtype=torch.long)
     out[:, 0] = tok.cpu()
     done = torch.tensor([int(t) in eos for t in out[:, 0].tolist()])
-    feats: list[torch.Tensor] = []  # per step [B, H]
-    real = (torch.arange(P)[None, :] >= pad[:, None]).to(dev)  # [B, P]
+    feats: list[torch.Tensor] = []  # per step [R, H]
+    real = (torch.arange(P)[None, :] >= pad[:, None]).to(dev)  # [R, P]
     n = 1
-    with target.skip(skip):
+    with target.skip_rows(rows):
         while n < max_new_tokens and not bool(done.all()):
             kv = P + n
-            allowed = torch.ones(B, 1, kv, dtype=torch.bool, device=dev)
+            allowed = torch.ones(R, 1, kv, dtype=torch.bool, device=dev)
             allowed[:, 0, :P] = real
-            pos = (lens + n - 1).unsqueeze(1).to(dev)  # [B, 1]: the fed token's position
+            pos = (lens + n - 1).unsqueeze(1).to(dev)  # [R, 1]: the fed token's position
             o = target.decoder(
                 input_ids=tok.unsqueeze(1), position_ids=pos, attention_mask=_additive(allowed, target.dtype),
                 cache=cache, use_cache=True,
             )
-            h = o.last_hidden_state[:, -1]  # [B, H]
+            h = o.last_hidden_state[:, -1]  # [R, H]
             if keep_hidden:
                 feats.append(h)
             tok = target.lm_head(h).argmax(-1)
@@ -225,18 +282,18 @@ def batched_greedy(
             done |= torch.tensor([int(t) in eos for t in out[:, n].tolist()])
             n += 1
     gens = []
-    for b in range(B):
-        toks = out[b, :n].tolist()
+    for r in range(R):
+        toks = out[r, :n].tolist()
         stop = next((i for i, t in enumerate(toks) if t in eos), None)
         if stop is not None:
             toks = toks[: stop + 1]
         features = None
         if keep_hidden:
             assert state.hidden is not None
-            rows = [state.hidden[b, int(pad[b]) :]] + [f[b : b + 1] for f in feats[: len(toks) - 1]]
-            features = torch.cat(rows, dim=0)
-        gens.append(Generation(tokens=toks, prefill_logits=state.logits[b : b + 1], features=features))
-    return gens
+            hrows = [state.hidden[r, int(pad[r]) :]] + [f[r : r + 1] for f in feats[: len(toks) - 1]]
+            features = torch.cat(hrows, dim=0)
+        gens.append(Generation(tokens=toks, prefill_logits=state.logits[r : r + 1], features=features))
+    return [gens[g * B : (g + 1) * B] for g in range(G)]
 
 
 # ----------------------------------------------------------------------------- replay
@@ -422,6 +479,9 @@ class ReplayEvaluator(PromptSetEvaluator):
     def _options(self) -> dict[str, Any]:
         return {**super()._options(), "batch_size": self.batch_size}
 
+    supports_groups = True
+    """Grouped trials (issue 21): :meth:`evaluate_group` runs several skip sets in one batch."""
+
     def evaluate(
         self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None
     ) -> EvalResult:
@@ -430,45 +490,85 @@ class ReplayEvaluator(PromptSetEvaluator):
         Prompts are batched in the given order, ``batch_size`` at a time; a prompt's figures
         do not depend on its batch (up to floating-point near-ties).
         """
+        return self.evaluate_group([skip], prompt_ids)[0]
+
+    def call_group(
+        self, skips: Sequence[frozenset[int]], prompt_ids: Sequence[int] | None = None
+    ) -> list[dict[str, Any]]:
+        """The search's grouped contract (:mod:`tss_opt.search.grouping`): one evaluator answer
+        per skip set, as ``self(skip, prompt_ids)`` gives it."""
+        return [r.to_dict() for r in self.evaluate_group(skips, prompt_ids)]
+
+    def evaluate_group(
+        self, skips: Sequence[frozenset[int] | Sequence[int]], prompt_ids: Sequence[int] | None = None
+    ) -> list[EvalResult]:
+        """Measure several skip sets on the same prompts, generated together (issue 21).
+
+        Each batch of ``batch_size`` prompts runs as one forward of ``len(skips) x batch``
+        rows, every row with its own skip set (:func:`grouped_greedy`); the dense prefill
+        (``verify`` scope) is computed, or taken from the kept prefills, once per batch.
+
+        Returns:
+            One result per skip set, in order; per prompt equal to :meth:`evaluate` of that
+            set alone (float64 exactly; float32 up to near-ties, as batching itself). A
+            prompt's ``tokens_per_s`` is its tokens over its share of the batch's wall time
+            (the batch's time divided by its rows, all skip sets included).
+        """
         from tss_opt.decoding.skip import validate_skip
 
-        skip = validate_skip(skip, self.num_layers)
+        sets = [validate_skip(skip, self.num_layers) for skip in skips]
+        if not sets:
+            raise ReplayError("evaluate_group got no skip sets; pass at least one")
         order = self._check_prompt_ids(prompt_ids)
-        drafter = self.drafter_factory()
-        check_replayable(drafter)
-        keep_hidden = bool(drafter is not None and drafter.capabilities.prefill_feedback)
-        outputs: list[str] = []
-        tokens: list[list[int]] = []
-        stats: list[DecodeStats] = []
+        drafters = [self.drafter_factory() for _ in sets]  # one per trial, as evaluate() builds
+        for drafter in drafters:
+            check_replayable(drafter)
+        keep_hidden = bool(drafters[0] is not None and drafters[0].capabilities.prefill_feedback)
+        G = len(sets)
+        outputs: list[list[str]] = [[] for _ in sets]
+        tokens: list[list[list[int]]] = [[] for _ in sets]
+        stats: list[list[DecodeStats]] = [[] for _ in sets]
         t0 = time.perf_counter()
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
             tb = time.perf_counter()
-            gens = batched_greedy(
-                self.target, [self.prompt_tokens[i] for i in batch], max_new_tokens=self.max_new_tokens,
-                skip=skip, scope=self.scope, eos_token_ids=self.eos_token_ids, keep_hidden=keep_hidden,
-                prefill=self._prefill_for(batch, keep_hidden),
+            groups = grouped_greedy(
+                self.target, [self.prompt_tokens[i] for i in batch], sets, max_new_tokens=self.max_new_tokens,
+                scope=self.scope, eos_token_ids=self.eos_token_ids, keep_hidden=keep_hidden,
+                prefill=self._prefill_for(batch, keep_hidden, private=G == 1),
             )
-            with self.target.skip(skip):  # as in the engine: self-drafting nests its skip set inside
-                for i, g in zip(batch, gens, strict=True):
-                    s = replay_stats(
-                        drafter, self.prompt_tokens[i], g.tokens, max_new_tokens=self.max_new_tokens,
-                        eos_token_ids=self.eos_token_ids, num_layers=self.num_layers, skipped_layers=len(skip),
-                        prefill_logits=g.prefill_logits, features=g.features,
-                        max_context=self.target.max_context,
-                    )
-                    stats.append(s)
-                    tokens.append(g.tokens)
-                    outputs.append(self.tokenizer.decode(g.tokens, skip_special_tokens=True))
-            share = (time.perf_counter() - tb) / len(batch)
-            for s in stats[-len(batch) :]:
-                s.total_s = share
+            for g, (skip, drafter, gens) in enumerate(zip(sets, drafters, groups, strict=True)):
+                with self.target.skip(skip):  # as in the engine: self-drafting nests its skip set inside
+                    for i, gen in zip(batch, gens, strict=True):
+                        s = replay_stats(
+                            drafter, self.prompt_tokens[i], gen.tokens, max_new_tokens=self.max_new_tokens,
+                            eos_token_ids=self.eos_token_ids, num_layers=self.num_layers, skipped_layers=len(skip),
+                            prefill_logits=gen.prefill_logits, features=gen.features,
+                            max_context=self.target.max_context,
+                        )
+                        stats[g].append(s)
+                        tokens[g].append(gen.tokens)
+                        outputs[g].append(self.tokenizer.decode(gen.tokens, skip_special_tokens=True))
+            share = (time.perf_counter() - tb) / (len(batch) * G)
+            for per_set in stats:
+                for s in per_set[-len(batch) :]:
+                    s.total_s = share
             if self.show_progress:
-                log.info("  skip=%s prompts %d-%d/%d replayed", sorted(skip), start + 1, start + len(batch), len(order))
-        return self._aggregate(skip, order, outputs, stats, tokens, wall_s=time.perf_counter() - t0)
+                log.info(
+                    "  skip=%s prompts %d-%d/%d replayed", " ".join(str(sorted(x)) for x in sets), start + 1,
+                    start + len(batch), len(order),
+                )
+        wall = (time.perf_counter() - t0) / G  # each set's share of the group's time
+        return [
+            self._aggregate(skip, order, outputs[g], stats[g], tokens[g], wall_s=wall) for g, skip in enumerate(sets)
+        ]
 
-    def _prefill_for(self, batch: list[int], keep_hidden: bool) -> Callable[[], _Prefill] | None:
-        """A copy of this batch's dense prefill (computed on first use), ``verify`` scope only."""
+    def _prefill_for(
+        self, batch: list[int], keep_hidden: bool, private: bool = True
+    ) -> Callable[[], _Prefill] | None:
+        """This batch's dense prefill (computed on first use), ``verify`` scope only: a copy
+        when ``private``, else the kept state itself (the caller must not change it:
+        :func:`grouped_greedy` repeats it into a new cache for a group)."""
         if not self.reuse_prefill or self.scope != "verify":
             return None
         key = (tuple(batch), keep_hidden)
@@ -479,6 +579,8 @@ class ReplayEvaluator(PromptSetEvaluator):
 
         def restore() -> _Prefill:
             p = self._prefills.get(key, compute)
+            if not private:
+                return p
             return _Prefill(cache=copy.deepcopy(p.cache), logits=p.logits, hidden=p.hidden)
 
         return restore

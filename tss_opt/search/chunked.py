@@ -49,7 +49,7 @@ from tss_opt.search.algorithm import Config, Measurement, canonical
 from tss_opt.search.contract import EvaluatorError, measurement_from
 from tss_opt.search.feasibility import PairedFeasibility, PerPrompt
 
-__all__ = ["TrialEvaluation", "evaluate_skip_set", "merge_chunks"]
+__all__ = ["ChunkedRun", "TrialEvaluation", "drive", "evaluate_skip_set", "evaluate_skip_sets", "merge_chunks"]
 
 
 @dataclass
@@ -102,45 +102,127 @@ def evaluate_skip_set(
         EvaluatorError: A chunk's answer is malformed or its ``per_prompt`` length differs
             from the prompts asked for.
     """
-    if num_prompts is None:
-        m, extras = measurement_from(evaluator(frozenset(config)), config)
-        n = None if m.per_prompt is None else m.per_prompt.n
-        return TrialEvaluation(m, extras, n)
-    parts: list[tuple[int, Measurement, dict[str, Any]]] = []
-    looks = max(1, math.ceil(num_prompts / chunk) - 1)
-    final_rule, final_pool = rule, pool_rule  # futility: the final verdict's own confidence
-    stop_conf = futility_conf = 1.0
-    if rule is not None:
-        stop_conf = 1.0 - (1.0 - rule.confidence) / looks
-        # Futility: Bonferroni over the looks and the two objectives (either one stops a set),
-        # so a set that all prompts would pass is stopped with probability <= 1 - confidence.
-        futility_conf = 1.0 - (1.0 - rule.confidence) / (2 * looks)
-        rule = dataclasses.replace(rule, confidence=stop_conf)
-        if pool_rule is not None:
-            pool_rule = dataclasses.replace(pool_rule, confidence=stop_conf)
-    done = 0
-    why = ""
-    while done < num_prompts:
-        ids = list(range(done, min(done + chunk, num_prompts)))
-        m, extras = measurement_from(evaluator(frozenset(config), prompt_ids=ids), config)
+    return drive(
+        evaluator,
+        ChunkedRun(config, num_prompts=num_prompts, chunk=chunk, rule=rule, pool_rule=pool_rule, futility=futility),
+    )
+
+
+def drive(evaluator: Any, run: ChunkedRun) -> TrialEvaluation:
+    """Run ``run`` to its end with one evaluator call per step."""
+    skip = frozenset(run.config)
+    while (ids := run.next_ids()) is not False:
+        run.add(evaluator(skip) if ids is None else evaluator(skip, prompt_ids=ids))
+    return run.result()
+
+
+def evaluate_skip_sets(group_call: Any, runs: Sequence[ChunkedRun]) -> list[TrialEvaluation]:
+    """Evaluate several skip sets together (grouped trials, issue 21), chunk by chunk.
+
+    Every run asks for the same prompts at each step (they share ``num_prompts`` and
+    ``chunk``), so the runs still going are measured by one
+    ``group_call(skips, prompt_ids=ids)`` (a list of evaluator answers, one per skip set);
+    a run that stops early drops out of the group and the rest continue. Each run's result
+    equals :func:`evaluate_skip_set` of it alone, since the evaluator's per-prompt answers do
+    not depend on the group.
+    """
+    while True:
+        asking = [(run, run.next_ids()) for run in runs]
+        asking = [(run, ids) for run, ids in asking if ids is not False]
+        if not asking:
+            return [run.result() for run in runs]
+        ids = asking[0][1]
+        if any(other != ids for _, other in asking):
+            raise ValueError("grouped runs must ask for the same prompts at every step (same num_prompts and chunk)")
+        skips = [frozenset(run.config) for run, _ in asking]
+        answers = group_call(skips) if ids is None else group_call(skips, prompt_ids=ids)
+        if len(answers) != len(asking):
+            raise EvaluatorError(f"a grouped evaluation of {len(asking)} skip sets returned {len(answers)} answers")
+        for (run, _), answer in zip(asking, answers, strict=True):
+            run.add(answer)
+
+
+class ChunkedRun:
+    """The chunk-by-chunk evaluation of one skip set, driven from outside
+    (:func:`evaluate_skip_set` alone, :func:`evaluate_skip_sets` in a group).
+
+    ``next_ids()`` says what to evaluate next: ``None`` for one plain call over all prompts, a
+    list of prompt indices for the next chunk, or ``False`` when done; ``add(answer)`` takes
+    the evaluator's answer for it. Arguments as :func:`evaluate_skip_set`'s.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        num_prompts: int | None = None,
+        chunk: int = 4,
+        rule: PairedFeasibility | None = None,
+        pool_rule: PairedFeasibility | None = None,
+        futility: bool = False,
+    ) -> None:
+        self.config = config
+        self.num_prompts = num_prompts
+        self.chunk = chunk
+        self.futility = futility
+        self.parts: list[tuple[int, Measurement, dict[str, Any]]] = []
+        self.done = 0
+        self.why = ""
+        self._plain: TrialEvaluation | None = None
+        looks = max(1, math.ceil(num_prompts / chunk) - 1) if num_prompts is not None else 1
+        self.final_rule, self.final_pool = rule, pool_rule  # futility: the final verdict's own confidence
+        self.futility_conf = 1.0
+        if rule is not None:
+            stop_conf = 1.0 - (1.0 - rule.confidence) / looks
+            # Futility: Bonferroni over the looks and the two objectives (either one stops a
+            # set), so a set that all prompts would pass is stopped with probability <= 1 - confidence.
+            self.futility_conf = 1.0 - (1.0 - rule.confidence) / (2 * looks)
+            rule = dataclasses.replace(rule, confidence=stop_conf)
+            if pool_rule is not None:
+                pool_rule = dataclasses.replace(pool_rule, confidence=stop_conf)
+        self.rule, self.pool_rule = rule, pool_rule
+
+    def next_ids(self) -> list[int] | None | bool:
+        """The prompts to evaluate next (``None``: all, one plain call; ``False``: finished)."""
+        if self.num_prompts is None:
+            return None if self._plain is None else False
+        if self.why or self.done >= self.num_prompts:
+            return False
+        return list(range(self.done, min(self.done + self.chunk, self.num_prompts)))
+
+    def add(self, answer: Any) -> None:
+        """Take the evaluator's answer for :meth:`next_ids`; decide whether to stop."""
+        if self.num_prompts is None:
+            m, extras = measurement_from(answer, self.config)
+            n = None if m.per_prompt is None else m.per_prompt.n
+            self._plain = TrialEvaluation(m, extras, n)
+            return
+        ids = self.next_ids()
+        assert isinstance(ids, list)
+        m, extras = measurement_from(answer, self.config)
         got = -1 if m.per_prompt is None else m.per_prompt.n
         if got != len(ids):
             raise EvaluatorError(
-                f"evaluator(skip={list(canonical(config))}, prompt_ids={ids}) returned "
+                f"evaluator(skip={list(canonical(self.config))}, prompt_ids={ids}) returned "
                 + ("no per_prompt" if got < 0 else f"per_prompt of length {got}")
                 + f"; expected {len(ids)} entries, one per requested prompt, in that order."
             )
-        parts.append((len(ids), m, extras))
-        done += len(ids)
-        if rule is not None and done < num_prompts:
-            pp = PerPrompt.concat([p[1].per_prompt for p in parts])  # type: ignore[misc]
-            why = rule.hopeless(pp, pool=pool_rule)
-            if not why and futility and final_rule is not None:
-                why = final_rule.futile(pp, num_prompts, futility_conf, pool=final_pool)
-            if why:
-                break
-    m, extras = merge_chunks(parts)
-    return TrialEvaluation(m, extras, done, bool(why), why, len(parts))
+        self.parts.append((len(ids), m, extras))
+        self.done += len(ids)
+        if self.rule is not None and self.done < self.num_prompts:
+            pp = PerPrompt.concat([p[1].per_prompt for p in self.parts])  # type: ignore[misc]
+            why = self.rule.hopeless(pp, pool=self.pool_rule)
+            if not why and self.futility and self.final_rule is not None:
+                why = self.final_rule.futile(pp, self.num_prompts, self.futility_conf, pool=self.final_pool)
+            self.why = why
+
+    def result(self) -> TrialEvaluation:
+        """What the evaluation gave (after :meth:`next_ids` returned ``False``)."""
+        if self.num_prompts is None:
+            assert self._plain is not None, "result() before the evaluation ran"
+            return self._plain
+        m, extras = merge_chunks(self.parts)
+        return TrialEvaluation(m, extras, self.done, bool(self.why), self.why, len(self.parts))
 
 
 # Extra keys of the engine's and replay evaluator's results: totals over prompts (summed

@@ -28,14 +28,24 @@ thread while the trial runs (:class:`~tss_opt.storage.Heartbeat`).
 
 Both the queued strategies (:class:`~tss_opt.search.worker.Worker`) and Optuna's own samplers
 (:mod:`tss_opt.search.optuna_strategy`) run their trials through :class:`TrialLife`.
+
+Grouped trials (issue 21, ``search.group_size``): :meth:`TrialLife.take_queued_group` claims
+up to ``n`` queued trials one by one (each claim is the same atomic WAITING -> RUNNING write,
+so exactly-once holds), and :meth:`TrialLife.run_group` evaluates them together and tells each.
+The table holds for every trial of the group: a heartbeat thread per claimed trial; Ctrl-C
+while claiming or evaluating fails every claimed, untold trial with ``KeyboardInterrupt()``
+(re-queued); an evaluation error fails them all with it as reason; a kill -9 leaves them
+RUNNING, stale, re-queued by another worker; a stale trial's late result is discarded alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -95,6 +105,26 @@ class TrialLife:
             if taken:
                 return self._started(tid, None)
         return None
+
+    def take_queued_group(self, n: int) -> list[optuna.Trial]:
+        """Take up to ``n`` WAITING trials (fewer when the queue runs dry; ``[]`` when empty).
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C between two claims; the trials claimed so far are failed
+                with ``KeyboardInterrupt()`` (re-queued) first.
+        """
+        trials: list[optuna.Trial] = []
+        try:
+            while len(trials) < n and (trial := self.take_queued()) is not None:
+                trials.append(trial)
+        except BaseException as e:
+            reason = INTERRUPTED_REASON if isinstance(e, KeyboardInterrupt) else repr(e)[:500]
+            for trial in trials:
+                self._fail(trial_id(trial), reason)
+            raise
+        finally:
+            self.current = None
+        return trials
 
     def ask(self) -> optuna.Trial:
         """A new trial from the study's sampler (``Study.ask``: the queue first)."""
@@ -159,6 +189,71 @@ class TrialLife:
         # with the result stored.
         self.guard.check()
         return done
+
+    def run_group(
+        self,
+        trials: Sequence[optuna.Trial],
+        prepare: Callable[[optuna.Trial], Any],
+        evaluate: Callable[[Sequence[Any]], Sequence[Any]],
+        finish: Callable[[optuna.Trial, Any], Sequence[float]],
+    ) -> list[FrozenTrial | None]:
+        """Evaluate the claimed ``trials`` together, then finish and tell each.
+
+        Args:
+            trials: From :meth:`take_queued_group`.
+            prepare: One trial's set-up writes (its parameters); returns what ``evaluate``
+                needs of it. A trial failed as stale meanwhile is dropped here.
+            evaluate: Measures the prepared trials together (the heavy part); one result each.
+            finish: Writes one trial's attributes from its result and returns its values.
+
+        Returns:
+            Per trial, the COMPLETE trial or ``None`` (failed as stale by another worker while
+            this one was stalled: its late result is discarded).
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C; the trials told so far are COMPLETE, the others FAIL
+                with reason ``KeyboardInterrupt()`` (re-queued).
+            Exception: What a step raised; every untold trial is failed with it as reason.
+        """
+        tids = [trial_id(t) for t in trials]
+        open_ids = set(tids)  # claimed and neither told nor discarded
+        told: dict[int, FrozenTrial | None] = {tid: None for tid in tids}
+        try:
+            with contextlib.ExitStack() as beats:
+                for tid in tids:
+                    beats.enter_context(Heartbeat(self.storage, tid))
+                kept: list[tuple[optuna.Trial, int, Any]] = []
+                for trial, tid in zip(trials, tids, strict=True):
+                    try:
+                        kept.append((trial, tid, prepare(trial)))
+                    except UpdateFinishedTrialError:
+                        if not self._discard_if_stale(tid):
+                            raise
+                        open_ids.discard(tid)
+                results = list(evaluate([p for _, _, p in kept])) if kept else []
+                assert len(results) == len(kept), "evaluate returns one result per trial"
+                for (trial, tid, _), result in zip(kept, results, strict=True):
+                    try:
+                        told[tid] = self._tell(trial, tid, finish(trial, result))
+                    except UpdateFinishedTrialError:
+                        if not self._discard_if_stale(tid):
+                            raise
+                    open_ids.discard(tid)
+        except KeyboardInterrupt:
+            for tid in tids:
+                if tid in open_ids:
+                    self._fail(tid, INTERRUPTED_REASON)
+            raise
+        except Exception as e:
+            for tid in tids:
+                if tid in open_ids:
+                    self._fail(tid, repr(e)[:500])
+            raise
+        finally:
+            self.current = None
+        # A Ctrl-C held during the writes or the tells stops the worker only now.
+        self.guard.check()
+        return [told[tid] for tid in tids]
 
     def _tell(
         self, trial: optuna.Trial, tid: int, values: Sequence[float]

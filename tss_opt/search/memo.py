@@ -54,6 +54,21 @@ class MemoEvaluator:
         # A copy: the search may annotate what it gets back.
         return copy.deepcopy(self._done[key])
 
+    def call_group(
+        self, skips: Sequence[frozenset[int]], prompt_ids: Sequence[int] | None = None
+    ) -> list[Mapping[str, Any]]:
+        """Grouped requests (``inner.call_group``, when ``inner.supports_groups``): the sets
+        not measured yet are measured together, the others answered from memory."""
+        ids = None if prompt_ids is None else tuple(int(i) for i in prompt_ids)
+        keys = [(frozenset(int(i) for i in s), ids) for s in skips]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._done))
+        if missing:
+            answers = self.inner.call_group([k[0] for k in missing], prompt_ids=None if ids is None else list(ids))
+            self._done.update(zip(missing, answers, strict=True))
+        self.misses += len(missing)
+        self.hits += len(keys) - len(missing)
+        return [copy.deepcopy(self._done[k]) for k in keys]
+
 
 def memoizable(evaluator: Any) -> bool:
     """Whether ``evaluator`` gives the same answer for the same request (greedy decoding).

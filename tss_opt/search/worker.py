@@ -3,7 +3,9 @@
 The worker takes only queued trials (:meth:`TrialLife.take_queued`, which never creates a
 parameterless trial as ``Study.ask`` would on an empty queue), runs each through
 :class:`~tss_opt.search.lifecycle.TrialLife` (evaluate, write attributes, tell; each step
-survives an interrupt or a stall), then refills the queue (next level) or waits.
+survives an interrupt or a stall), then refills the queue (next level) or waits. With
+``search.group_size`` > 1 and an evaluator that groups (replay), it claims up to that many
+queued trials at once and evaluates them in one batch (:mod:`tss_opt.search.grouping`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
 from tss_opt.search.algorithm import Config, Feasibility, Measurement, canonical, feasibility_for
-from tss_opt.search.chunked import TrialEvaluation, evaluate_skip_set
+from tss_opt.search.chunked import ChunkedRun, TrialEvaluation, drive, evaluate_skip_sets
 from tss_opt.search.contract import Evaluator, EvaluatorError, EvaluatorInfo, prompt_count
 from tss_opt.search.feasibility import PairedFeasibility
+from tss_opt.search.grouping import group_call, resolve_group_size
 from tss_opt.search.interrupts import InterruptGuard
 from tss_opt.search.lifecycle import TrialLife
 from tss_opt.search.progress import Progress
@@ -91,6 +94,8 @@ class Worker:
         self.prompt_evaluations = 0
         self._announced_rule = False
         self._last_progress = time.monotonic()
+        #: Queued trials claimed and evaluated together (1: one at a time).
+        self.group_size = resolve_group_size(self.sampler.settings.group_size, evaluator)
 
     def run(self) -> StoredState:
         """Work until the search is finished; return the final state.
@@ -127,6 +132,11 @@ class Worker:
 
     def _run_queued(self) -> None:
         """Run queued trials until the queue is empty."""
+        if self.group_size > 1:
+            while trials := self.life.take_queued_group(self.group_size):
+                self.life.run_group(trials, self._prepare, self._evaluate_group, self._finish)
+                self._after_trial()
+            return
         while (trial := self.life.take_queued()) is not None:
             self.life.run(trial, self._evaluate)
             self._after_trial()
@@ -140,6 +150,13 @@ class Worker:
             self.progress.state(self.sampler.state(self.study), force=True)
 
     def _evaluate(self, trial: optuna.Trial) -> tuple[float, float, float]:
+        config = self._prepare(trial)
+        with self.guard.interruptible():
+            ev = self._evaluate_skip_set(config)
+        return self._finish(trial, (config, ev))
+
+    def _prepare(self, trial: optuna.Trial) -> Config:
+        """The trial's queued skip set; its parameters are stored (Optuna's plots see them)."""
         config = config_of(study_storage(self.study).get_trial(trial_id(trial)))
         if config is None:
             raise RuntimeError(
@@ -149,8 +166,20 @@ class Worker:
         for i in range(self.sampler.num_layers):
             skipped = trial.suggest_categorical(param_name(i), [False, True])
             assert skipped == (i in config), f"trial #{trial.number}: skip_{i} disagrees"
+        return config
+
+    def _evaluate_group(self, configs: list[Config]) -> list[tuple[Config, TrialEvaluation]]:
+        """Several skip sets in one batch, chunk by chunk (stopped sets drop out)."""
+        call = group_call(self.evaluator)
+        assert call is not None, "group_size > 1 only with an evaluator that groups"
+        runs = [self._chunked_run(c) for c in configs]
         with self.guard.interruptible():
-            ev = self._evaluate_skip_set(config)
+            evs = evaluate_skip_sets(call, runs)
+        return list(zip(configs, evs, strict=True))
+
+    def _finish(self, trial: optuna.Trial, done: tuple[Config, TrialEvaluation]) -> tuple[float, float, float]:
+        """Check one evaluated trial, store its attributes and return its objective values."""
+        config, ev = done
         self.evaluations += 1
         self.prompt_evaluations += ev.prompts_used or 0
         m, extras = ev.measurement, ev.extras
@@ -196,14 +225,18 @@ class Worker:
             self._set_rule(plan.baseline, plan.thresholds)
 
     def _evaluate_skip_set(self, config: Config) -> TrialEvaluation:
+        return drive(self.evaluator, self._chunked_run(config))
+
+    def _chunked_run(self, config: Config) -> ChunkedRun:
+        """How ``config`` is evaluated: one call, or chunks with early/futility stopping."""
         settings = self.sampler.settings
         n = prompt_count(self.evaluator)
         if not (settings.early_stopping and settings.feasibility == "paired" and n is not None):
-            return evaluate_skip_set(self.evaluator, config)
+            return ChunkedRun(config)
         chunk = settings.early_stop_chunk
         if not config:
             # The dense baseline runs every prompt (in the same chunks as the skip sets).
-            return evaluate_skip_set(self.evaluator, config, num_prompts=n, chunk=chunk)
+            return ChunkedRun(config, num_prompts=n, chunk=chunk)
         self._ensure_rule()
         rule = self.thresholds if isinstance(self.thresholds, PairedFeasibility) else None
         pool_rule = None
@@ -216,8 +249,8 @@ class Worker:
                 pool=True,
             )
             pool_rule = pool if isinstance(pool, PairedFeasibility) else None
-        return evaluate_skip_set(
-            self.evaluator, config, num_prompts=n, chunk=chunk, rule=rule, pool_rule=pool_rule,
+        return ChunkedRun(
+            config, num_prompts=n, chunk=chunk, rule=rule, pool_rule=pool_rule,
             futility=settings.futility_stopping,
         )
 
