@@ -179,9 +179,20 @@ def build_pld(
     from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
     if num_tokens == AUTO:
+        _need_target("pld", "num_tokens", target)
         return _sized_pld(target, max_ngram=max_ngram, min_ngram=min_ngram, max_tokens=max_tokens)
     return PromptLookupDrafter(num_tokens=_fixed("pld", "num_tokens", num_tokens), max_ngram=max_ngram,
                                min_ngram=min_ngram)
+
+
+def _need_target(drafter: str, setting: str, target: TargetModel | None) -> None:
+    """``auto`` measures this target's hardware: refuse clearly without one."""
+    if target is None:
+        raise DrafterConfigError(
+            f"drafter {drafter!r}: {setting}=auto sizes the drafter to the target's hardware and needs the "
+            f"target; pass the TargetModel, or fix the size (e.g. {setting}="
+            + ("builtin:token_recycle_15.json)" if setting == "template" else "10)")
+        )
 
 
 def _fixed(drafter: str, setting: str, value: Any) -> int:
@@ -345,6 +356,7 @@ def build_token_recycle(
     from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 
     if template == AUTO:
+        _need_target("token_recycle", "template", target)
         return TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
     return TokenRecycleDrafter(
         template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes
@@ -374,6 +386,8 @@ def build_samd(
         raise DrafterConfigError(
             f"drafter samd: fallback={fallback!r} is not a fallback; expected token_recycle or none"
         )
+    if template == AUTO:
+        _need_target("samd", "template", target)
     return SamdDrafter(
         threshold=threshold, num_tokens=num_tokens,
         fallback=(
