@@ -24,8 +24,9 @@ from ``--sizing-dir`` (default storage/tree_sizing) or measured once and cached 
 acceptance profiles (``pld``, ``token_recycle``, ``eagle``) are measured per domain on
 ``--calibrate`` calibration prompts that the benchmark does not decode (kept in
 ``<sizing-dir>/bench-<domain>/``, reused by later runs); ``--calibrate 0`` uses the priors.
-The EAGLE head is random (no trained head ships): it shows the plumbing and the cost, not
-EAGLE's acceptance.
+The EAGLE head is random unless ``--eagle-checkpoint DIR`` names a trained one (then the eagle
+arms and the eagle profile use it): a random head shows the plumbing and the cost, not EAGLE's
+acceptance.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def calibrate(rt: Any, directory: Path, prompts: list[torch.Tensor], new_tokens:
     wide = {
         "pld": lambda: PromptLookupDrafter(num_tokens=10),
         "token_recycle": lambda: TokenRecycleDrafter("builtin:token_recycle_large.json", top_k=8),
-        "eagle": lambda: EagleDrafter(build_drafter({"name": "eagle", "random_init": True, "total_tokens": 16},
+        "eagle": lambda: EagleDrafter(build_drafter({**DRAFTERS["eagle"][1], "total_tokens": 16},
                                                     rt.target, rt.loaded).head, total_tokens=40, depth=5, top_k=8),
     }
     for name, make in wide.items():
@@ -180,7 +181,14 @@ def main() -> None:
     ap.add_argument("--calibrate-tokens", type=int, default=32)
     ap.add_argument("--sizing-dir", type=Path, default=REPO / "storage" / "tree_sizing")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eagle-checkpoint", default=None,
+                    help="a trained EAGLE head directory for the eagle arms (default: a random head)")
     args = ap.parse_args()
+    if args.eagle_checkpoint:  # the eagle arms (and the eagle profile) use the trained head
+        for key in ("eagle", "eagle_auto"):
+            label, over = DRAFTERS[key]
+            over = {k: v for k, v in over.items() if k != "random_init"}
+            DRAFTERS[key] = (label.replace("random head", "trained head"), {**over, "checkpoint": args.eagle_checkpoint})
     torch.set_num_threads(args.threads)
     wanted = args.methods.split(",")
     unknown = sorted(set(wanted) - set(DEFAULT_METHODS))
