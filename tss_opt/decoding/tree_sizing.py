@@ -20,8 +20,12 @@ Three parts, one per stage:
    any tree costs more than it returns (this 2-core CPU), while a wide tree wins where
    verifying 64 nodes costs about one token (a GPU).
 
-Setting: ``drafter.template=auto`` on ``token_recycle`` (and ``samd``'s fallback) sizes the
-template with :func:`auto_template`; a fixed template stays available.
+Settings (the defaults, conf/drafter/*.yaml): ``template: auto`` on ``token_recycle`` and
+``samd``'s fallback (:func:`auto_template`), ``num_tokens: auto`` on ``pld`` (:func:`sized_chain`),
+``total_tokens: auto`` on ``eagle`` (:func:`sized_eagle`); TAPS members follow their own
+defaults. A fixed size stays available (an integer, or a template name). The cache folder is
+:func:`sizing_dir` (``storage/tree_sizing`` or ``$TSS_TREE_SIZING_DIR``); the choice is a pure
+function of the files there, so every build on a machine chooses the same tree.
 """
 
 from __future__ import annotations
