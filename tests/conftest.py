@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,10 @@ from pathlib import Path
 # says so itself (torch.set_num_threads, or env= for its subprocesses).
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# Trees are sized to the hardware by default (decoding/tree_sizing.py): the latency tables of
+# the tiny test models go to a temporary folder of this session (and of its subprocesses),
+# never into the checkout's storage/tree_sizing.
+os.environ.setdefault("TSS_TREE_SIZING_DIR", tempfile.mkdtemp(prefix="tss_tree_sizing_"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

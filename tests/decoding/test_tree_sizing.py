@@ -14,6 +14,7 @@ from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree_sizing import (
+    ENV_DIR,
     AcceptanceProfile,
     LatencyTable,
     TreeSizingError,
@@ -169,20 +170,23 @@ def test_registry_template_auto(tiny64: LoadedModel, target64: TargetModel, tmp_
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from tss_opt.decoding.drafters import build_drafter
 
-    monkeypatch.chdir(tmp_path)  # the cache lives under ./storage/tree_sizing
-    _seed_latency(target64, tmp_path / "storage" / "tree_sizing", {0: 1.0, 1: 5.0})
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))  # the cache folder (default ./storage/tree_sizing)
+    _seed_latency(target64, tmp_path, {0: 1.0, 1: 5.0})
     d = build_drafter({"name": "token_recycle", "template": "auto"}, target64, tiny64)
     assert isinstance(d, TokenRecycleDrafter) and len(d.template) == 0 and d.choice is not None
-    assert build_drafter({"name": "token_recycle"}, target64, tiny64).template.name == "token_recycle_15"  # the fixed default
+    default = build_drafter({"name": "token_recycle"}, target64, tiny64)  # auto is the default
+    assert len(default.template) == 0 and default.choice is not None
+    fixed = build_drafter({"name": "token_recycle", "template": "builtin:token_recycle_15.json"}, target64, tiny64)
+    assert fixed.template.name == "token_recycle_15" and fixed.choice is None
 
 
 def test_samd_fallback_template_auto(tiny64: LoadedModel, target64: TargetModel, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from tss_opt.decoding.drafters import build_drafter
 
-    monkeypatch.chdir(tmp_path)
-    _seed_latency(target64, tmp_path / "storage" / "tree_sizing", {0: 1.0, 1: 1.0, 4: 1.0})
-    d = build_drafter({"name": "samd", "template": "auto"}, target64, tiny64)
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _seed_latency(target64, tmp_path, {0: 1.0, 1: 1.0, 4: 1.0})
+    d = build_drafter({"name": "samd"}, target64, tiny64)  # template: auto is the default
     assert isinstance(d.fallback, TokenRecycleDrafter) and len(d.fallback.template) == 4
     plain, spec = SpeculativeEngine(target64), SpeculativeEngine(target64, d)
     for prompt in _prompts(2):

@@ -25,14 +25,16 @@ from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 from tss_opt.evaluation.replay import ReplayEvaluator
 from tss_opt.search.memo import MemoEvaluator
 
+TR15 = "builtin:token_recycle_15.json"
 EXACT = dict(temperature=0.0, cost="analytic", device="cpu", dtype=torch.float32, verification="exact")
 
 
 def _choose(drafter="pld", **over):
     drafters = {
-        "pld": lambda: build_pld(None, None),  # type: ignore[arg-type]  # model-free builders
-        "token_recycle": lambda: build_token_recycle(None, None),  # type: ignore[arg-type]
-        "samd": lambda: build_samd(None, None),  # type: ignore[arg-type]
+        # Model-free builders at fixed sizes (the default, auto, sizes them on the target).
+        "pld": lambda: build_pld(None, None, num_tokens=10),  # type: ignore[arg-type]
+        "token_recycle": lambda: build_token_recycle(None, None, template=TR15),  # type: ignore[arg-type]
+        "samd": lambda: build_samd(None, None, template=TR15),  # type: ignore[arg-type]
         "samd_none": lambda: build_samd(None, None, fallback="none"),  # type: ignore[arg-type]
         "none": lambda: None,
     }

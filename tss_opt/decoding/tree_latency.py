@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,18 @@ if TYPE_CHECKING:
 
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
 DEFAULT_DIR = Path("storage/tree_sizing")
+ENV_DIR = "TSS_TREE_SIZING_DIR"
+"""Environment variable naming the cache folder instead of ``./storage/tree_sizing`` (the test
+suite points it at a temporary folder, so tiny test models never write into the checkout)."""
+
+
+def sizing_dir(directory: str | Path | None = None) -> Path:
+    """The folder of latency tables, draft costs and acceptance profiles: ``directory`` when
+    given, else ``$TSS_TREE_SIZING_DIR``, else ``storage/tree_sizing`` (relative to the
+    working directory, like the other storage defaults)."""
+    if directory is not None:
+        return Path(directory)
+    return Path(os.environ.get(ENV_DIR) or DEFAULT_DIR)
 
 
 class TreeSizingError(TSSError):
@@ -131,14 +144,14 @@ def measure_latency(
     sizes: Iterable[int] = DEFAULT_SIZES,
     *,
     prefix_len: int = 64,
-    repeats: int = 3,
+    repeats: int = 5,
     key: Mapping[str, str] | None = None,
 ) -> LatencyTable:
     """Time one verification forward per tree size on a warm cache of ``prefix_len`` tokens.
 
     Every size is a chain of ``n`` nodes (the forward's cost depends on the slot count, not on
     the tree's shape); the cache is cropped back after each forward. The median of
-    ``repeats`` timings after one warm-up forward is kept.
+    ``repeats`` timings after one warm-up round is kept; sizes are interleaved per round.
     """
     from tss_opt.decoding.cache import crop_to
 
@@ -149,33 +162,38 @@ def measure_latency(
     cache = target.new_cache()
     target.prefill(prompt, cache)
     sync = torch.cuda.synchronize if torch.device(target.device).type == "cuda" else (lambda: None)
-    seconds: dict[int, float] = {}
-    for n in sizes:
-        tree = DraftTree.chain(torch.randint(0, vocab, (n,), generator=gen))
-        times = []
-        for i in range(repeats + 1):
+    trees = {n: DraftTree.chain(torch.randint(0, vocab, (n,), generator=gen)) for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    # Sizes interleaved within each round (not all repeats of one size in a row), so drift of
+    # a shared machine hits every size alike; round 0 warms kernels and allocations.
+    for rnd in range(repeats + 1):
+        for n in sizes:
             sync()
             t0 = time.perf_counter()
-            target.verify_forward(int(prompt[-1]), tree, cache, prefix_len)
+            target.verify_forward(int(prompt[-1]), trees[n], cache, prefix_len)
             sync()
-            if i:  # the first forward of a size warms kernels and allocations
-                times.append(time.perf_counter() - t0)
+            if rnd:
+                times[n].append(time.perf_counter() - t0)
             crop_to(cache, prefix_len)
-        seconds[n] = sorted(times)[len(times) // 2]
+    seconds = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=now)
 
 
 def load_or_measure_latency(
     target: TargetModel,
-    directory: str | Path = DEFAULT_DIR,
+    directory: str | Path | None = None,
     *,
     sizes: Iterable[int] = DEFAULT_SIZES,
     model_name: str | None = None,
 ) -> LatencyTable:
-    """The cached table for this (machine, model, dtype, device), measured and saved once."""
+    """The cached table for this (machine, model, dtype, device), measured and saved once
+    (SmolLM2-135M, float32, one CPU thread: 10-20 s on this shared 2-core machine; a tiny test
+    model: well under a second).
+
+    ``directory``: see :func:`sizing_dir`."""
     key = hardware_key(target, model_name)
-    path = _key_file(key, Path(directory))
+    path = _key_file(key, sizing_dir(directory))
     if path.is_file():
         try:
             return LatencyTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
@@ -185,3 +203,34 @@ def load_or_measure_latency(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table.to_dict(), indent=1) + "\n", encoding="utf-8")
     return table
+
+
+def load_or_measure_draft_cost(
+    target: TargetModel,
+    name: str,
+    measure: Callable[[], float],
+    directory: str | Path | None = None,
+    *,
+    model_name: str | None = None,
+) -> float:
+    """A drafter's measured cost (seconds, e.g. EAGLE's per drafted level), cached like the
+    latency table (``draft-<name>-<key>.json``), so that every build on this hardware reads the
+    same number and the chosen tree is a deterministic function of cached inputs (the replay
+    evaluator and the engine then size alike)."""
+    key = hardware_key(target, model_name)
+    path = _key_file(key, sizing_dir(directory))
+    path = path.with_name(path.name.replace("latency-", f"draft-{re.sub(r'[^A-Za-z0-9._]+', '_', name)}-", 1))
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            seconds = float(data["seconds"])
+            if seconds >= 0:
+                return seconds
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            pass  # damaged: measured again
+    seconds = float(measure())
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "name": name, "measured_at": now, "seconds": seconds}, indent=1) + "\n",
+                    encoding="utf-8")
+    return seconds

@@ -20,8 +20,12 @@ Three parts, one per stage:
    any tree costs more than it returns (this 2-core CPU), while a wide tree wins where
    verifying 64 nodes costs about one token (a GPU).
 
-Setting: ``drafter.template=auto`` on ``token_recycle`` (and ``samd``'s fallback) sizes the
-template with :func:`auto_template`; a fixed template stays available.
+Settings (the defaults, conf/drafter/*.yaml): ``template: auto`` on ``token_recycle`` and
+``samd``'s fallback (:func:`auto_template`), ``num_tokens: auto`` on ``pld`` (:func:`sized_chain`),
+``total_tokens: auto`` on ``eagle`` (:func:`sized_eagle`); TAPS members follow their own
+defaults. A fixed size stays available (an integer, or a template name). The cache folder is
+:func:`sizing_dir` (``storage/tree_sizing`` or ``$TSS_TREE_SIZING_DIR``); the choice is a pure
+function of the files there, so every build on a machine chooses the same tree.
 """
 
 from __future__ import annotations
@@ -42,21 +46,25 @@ from tss_opt.decoding.tree import DraftTree
 from tss_opt.decoding.tree_latency import (
     DEFAULT_DIR,
     DEFAULT_SIZES,
+    ENV_DIR,
     LatencyTable,
     TreeSizingError,
     hardware_key,
+    load_or_measure_draft_cost,
     load_or_measure_latency,
     measure_latency,
+    sizing_dir,
 )
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
 
 __all__ = [
-    "AUTO", "DEFAULT_DIR", "DEFAULT_SIZES", "PRIOR_RANK_ACCEPT", "AcceptanceCounter", "AcceptanceProfile",
-    "LatencyTable", "ProfilingDrafter", "TreeChoice", "TreeSizingError", "auto_template", "best_tree",
-    "choose_tree", "eagle_level_seconds", "hardware_key", "load_or_measure_latency", "load_profile",
-    "measure_acceptance", "measure_latency", "save_profile", "sibling_ranks", "sized_eagle",
+    "AUTO", "DEFAULT_DIR", "DEFAULT_SIZES", "ENV_DIR", "PRIORS", "PRIOR_RANK_ACCEPT", "AcceptanceCounter",
+    "AcceptanceProfile", "LatencyTable", "ProfilingDrafter", "TreeChoice", "TreeSizingError", "auto_template",
+    "best_tree", "choose_tree", "eagle_level_seconds", "hardware_key", "load_or_measure_draft_cost",
+    "load_or_measure_latency", "load_profile", "measure_acceptance", "measure_latency", "save_profile",
+    "sibling_ranks", "sized_chain", "sized_eagle", "sizing_dir",
 ]
 
 AUTO = "auto"
@@ -65,6 +73,17 @@ AUTO = "auto"
 # adjacency table hits the target's next token with rank 0 about half the time, and the
 # lower ranks fall off quickly. Used only when no measured profile is cached.
 PRIOR_RANK_ACCEPT = (0.45, 0.12, 0.06, 0.04, 0.03, 0.02, 0.02, 0.01)
+# Priors by drafter name (rows = depths 1, 2, ...; the last row holds for deeper levels), used
+# until a measured ``profile-<drafter>.json`` exists. Chains (prompt lookup, SAMD's matches)
+# have one rank; their conditional acceptance rises with depth because a copied span that
+# matched so far tends to keep matching (HF prompt lookup on SmolLM2 summarization: 2.5
+# tokens per step with 10-token chains, FACTS.md). EAGLE's prior is Token Recycling's until a
+# trained head's profile is measured (measure_acceptance).
+PRIORS: dict[str, tuple[tuple[float, ...], ...]] = {
+    "token_recycle": (PRIOR_RANK_ACCEPT,),
+    "eagle": (PRIOR_RANK_ACCEPT,),
+    "pld": ((0.5,), (0.6,), (0.7,), (0.75,), (0.8,)),
+}
 
 
 # ------------------------------------------------------------------------------ acceptance
@@ -301,16 +320,17 @@ def choose_tree(
     return TreeChoice(best.template, best.expected_tokens, best.step_s, tuple(cands))
 
 
-def load_profile(drafter: str, directory: str | Path = DEFAULT_DIR) -> AcceptanceProfile:
-    """The drafter's measured profile (``<dir>/profile-<drafter>.json``), else the prior."""
-    path = Path(directory) / f"profile-{drafter}.json"
+def load_profile(drafter: str, directory: str | Path | None = None) -> AcceptanceProfile:
+    """The drafter's measured profile (``<dir>/profile-<drafter>.json``, ``<dir>`` as in
+    :func:`sizing_dir`), else its prior (:data:`PRIORS`; Token Recycling's for other names)."""
+    path = sizing_dir(directory) / f"profile-{drafter}.json"
     if path.is_file():
         return AcceptanceProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    return AcceptanceProfile(rank_accept=(PRIOR_RANK_ACCEPT,), name="prior")
+    return AcceptanceProfile(rank_accept=PRIORS.get(drafter, (PRIOR_RANK_ACCEPT,)), name=f"prior:{drafter}")
 
 
-def save_profile(profile: AcceptanceProfile, drafter: str, directory: str | Path = DEFAULT_DIR) -> Path:
-    path = Path(directory) / f"profile-{drafter}.json"
+def save_profile(profile: AcceptanceProfile, drafter: str, directory: str | Path | None = None) -> Path:
+    path = sizing_dir(directory) / f"profile-{drafter}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile.to_dict(), indent=1) + "\n", encoding="utf-8")
     return path
@@ -320,7 +340,7 @@ def auto_template(
     target: TargetModel,
     drafter: str = "token_recycle",
     *,
-    directory: str | Path = DEFAULT_DIR,
+    directory: str | Path | None = None,
     max_depth: int = 8,
     max_rank: int | None = None,
     max_nodes: int | None = None,
@@ -357,7 +377,7 @@ def sized_eagle(
     depth: int = 6,
     top_k: int = 8,
     return_probs: bool = False,
-    directory: str | Path = DEFAULT_DIR,
+    directory: str | Path | None = None,
 ) -> Drafter:
     """``drafter=eagle total_tokens=auto``: the EAGLE-2 budget (``total_tokens`` = nodes + 1,
     ``depth``) that maximises expected tokens per second, from the cached latency table, the
@@ -369,7 +389,12 @@ def sized_eagle(
     table = load_or_measure_latency(target, directory)
     profile = load_profile("eagle", directory)
     profile = AcceptanceProfile(tuple(row[:top_k] for row in profile.rank_accept), profile.name)
-    level_s = eagle_level_seconds(target, EagleDrafter(head, total_tokens=60, depth=depth, top_k=top_k), depth=depth)
+    # Cached per hardware key, so every build (engine, replay evaluator) chooses the same tree.
+    level_s = load_or_measure_draft_cost(
+        target, f"eagle_level_d{depth}_k{top_k}",
+        lambda: eagle_level_seconds(target, EagleDrafter(head, total_tokens=60, depth=depth, top_k=top_k), depth=depth),
+        directory,
+    )
     choice = choose_tree(table, profile, max_depth=depth, draft_s=lambda t: level_s * t.max_depth)
     if not choice.nodes:
         drafter: Drafter = NoDrafter()
@@ -380,3 +405,20 @@ def sized_eagle(
         )
     drafter.choice = choice  # type: ignore[attr-defined]
     return drafter
+
+
+def sized_chain(
+    target: TargetModel,
+    drafter: str = "pld",
+    *,
+    max_tokens: int = 10,
+    directory: str | Path | None = None,
+) -> TreeChoice:
+    """``num_tokens=auto`` for chain drafters (prompt lookup): the chain length ``0..max_tokens``
+    maximising expected tokens per second when the drafter has a proposal (the profile's rank-0
+    column by depth, the latency table interpolated at every length). ``0``: no chain pays on
+    this hardware, so the drafter should not speculate."""
+    table = load_or_measure_latency(target, directory)
+    profile = load_profile(drafter, directory)
+    chain = AcceptanceProfile(tuple(row[:1] for row in profile.rank_accept), profile.name)
+    return choose_tree(table, chain, sizes=range(1, max_tokens + 1), max_depth=max_tokens)

@@ -12,17 +12,23 @@ a 3-gram match.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
 from tss_opt.decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.tree_sizing import TreeChoice
 
 
 class PromptLookupDrafter(Drafter):
     """Model-free chain drafter.
 
     Args:
-        num_tokens: tokens proposed per step (at most).
+        num_tokens: tokens proposed per step (at most); ``0`` proposes nothing (what
+            ``num_tokens=auto`` chooses where no chain pays on the hardware).
         max_ngram: longest suffix searched for.
         min_ngram: shortest suffix searched for.
     """
@@ -31,16 +37,19 @@ class PromptLookupDrafter(Drafter):
     capabilities = DrafterCapabilities(confidence=True, replayable=True)
 
     def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:
+        if num_tokens < 0 or not 1 <= min_ngram <= max_ngram:
             raise ValueError(
-                f"prompt lookup needs num_tokens >= 1 and 1 <= min_ngram <= max_ngram; got "
+                f"prompt lookup needs num_tokens >= 0 and 1 <= min_ngram <= max_ngram; got "
                 f"num_tokens={num_tokens}, min_ngram={min_ngram}, max_ngram={max_ngram}"
             )
         self.num_tokens = num_tokens
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.choice: TreeChoice | None = None  # set when sized to the hardware (num_tokens=auto)
 
     def propose(self, context: torch.Tensor) -> DraftTree:
+        if not self.num_tokens:
+            return DraftTree.empty()
         L = int(context.numel())
         for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
             suffix = context[L - n :]

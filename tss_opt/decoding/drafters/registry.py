@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 DrafterBuilder = Callable[..., Drafter]
+AUTO = "auto"  # a size setting (template, num_tokens, total_tokens) sized to the hardware
 _RESERVED = ("name", "_target_")
 MISSING = "???"  # OmegaConf's mandatory value, when a config was converted with resolve only
 
@@ -167,14 +168,54 @@ def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedMod
 def build_pld(
     target: TargetModel,
     loaded: LoadedModel,
-    num_tokens: int = 10,
+    num_tokens: int | str = "auto",
     max_ngram: int = 3,
     min_ngram: int = 1,
+    max_tokens: int = 10,
 ) -> Drafter:
-    """Prompt lookup (model-free chain)."""
+    """Prompt lookup (model-free chain). ``num_tokens="auto"`` (the default) sizes the chain
+    to the hardware, ``1..max_tokens`` or no speculation at all (:func:`_sized_pld`); an
+    integer fixes it."""
     from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
-    return PromptLookupDrafter(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram)
+    if num_tokens == AUTO:
+        _need_target("pld", "num_tokens", target)
+        return _sized_pld(target, max_ngram=max_ngram, min_ngram=min_ngram, max_tokens=max_tokens)
+    return PromptLookupDrafter(num_tokens=_fixed("pld", "num_tokens", num_tokens), max_ngram=max_ngram,
+                               min_ngram=min_ngram)
+
+
+def _need_target(drafter: str, setting: str, target: TargetModel | None) -> None:
+    """``auto`` measures this target's hardware: refuse clearly without one."""
+    if target is None:
+        raise DrafterConfigError(
+            f"drafter {drafter!r}: {setting}=auto sizes the drafter to the target's hardware and needs the "
+            f"target; pass the TargetModel, or fix the size (e.g. {setting}="
+            + ("builtin:token_recycle_15.json)" if setting == "template" else "10)")
+        )
+
+
+def _fixed(drafter: str, setting: str, value: Any) -> int:
+    """A size setting that is not ``auto``: a positive integer, else a clear error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DrafterConfigError(
+            f"drafter {drafter!r}: {setting}={value!r}; expected a positive integer, or 'auto' to size it to "
+            "the hardware (docs/drafters.md, 'Sized to the hardware')"
+        )
+    return value
+
+
+def _sized_pld(target: TargetModel, *, max_ngram: int, min_ngram: int, max_tokens: int) -> Drafter:
+    """Prompt lookup with the chain length :func:`~tss_opt.decoding.tree_sizing.sized_chain`
+    chose; ``0`` (no length pays) keeps a prompt-lookup drafter that proposes nothing, so it
+    keeps its capabilities as a TAPS member. ``drafter.choice`` says why."""
+    from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
+    from tss_opt.decoding.tree_sizing import sized_chain
+
+    choice = sized_chain(target, "pld", max_tokens=_fixed("pld", "max_tokens", max_tokens))
+    drafter = PromptLookupDrafter(num_tokens=choice.nodes, max_ngram=max_ngram, min_ngram=min_ngram)
+    drafter.choice = choice
+    return drafter
 
 
 # Weights a drafter only reads (draft models, EAGLE heads), loaded once per process: the
@@ -305,15 +346,17 @@ def build_self(
 def build_token_recycle(
     target: TargetModel,
     loaded: LoadedModel,
-    template: Any = "builtin:token_recycle_15.json",
+    template: Any = AUTO,
     top_k: int = 8,
     keep_table: bool = True,
     max_nodes: int | None = None,
 ) -> Drafter:
-    """Token Recycling over a static template; ``template=auto`` sizes it to the hardware."""
+    """Token Recycling; ``template=auto`` (the default) sizes the tree to the hardware, a
+    template (``builtin:token_recycle_15.json``, a JSON path, a mapping) fixes it."""
     from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 
-    if template == "auto":
+    if template == AUTO:
+        _need_target("token_recycle", "template", target)
         return TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
     return TokenRecycleDrafter(
         template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes
@@ -326,7 +369,7 @@ def build_samd(
     loaded: LoadedModel,
     threshold: int = 4,
     num_tokens: int = 10,
-    template: Any = "builtin:token_recycle_15.json",
+    template: Any = AUTO,
     top_k: int = 8,
     keep_table: bool = True,
     fallback: str = "token_recycle",
@@ -343,11 +386,13 @@ def build_samd(
         raise DrafterConfigError(
             f"drafter samd: fallback={fallback!r} is not a fallback; expected token_recycle or none"
         )
+    if template == AUTO:
+        _need_target("samd", "template", target)
     return SamdDrafter(
         threshold=threshold, num_tokens=num_tokens,
         fallback=(
             TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table)
-            if template == "auto"
+            if template == AUTO
             else TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
         ),
     )
@@ -361,13 +406,14 @@ def build_eagle(
     path: str | None = None,
     random_init: bool = False,
     seed: int = 0,
-    total_tokens: int | str = 60,
+    total_tokens: int | str = AUTO,
     depth: int = 6,
     top_k: int = 8,
     return_probs: bool = False,
 ) -> Drafter:
     """EAGLE-1 head from ``checkpoint`` (``path`` is its older name, still accepted), or a
-    random head with ``random_init``; EAGLE-2 tree."""
+    random head with ``random_init``; EAGLE-2 tree of ``total_tokens`` (``auto``, the
+    default: sized to the hardware with ``depth`` and ``top_k`` as caps)."""
     from tss_opt.decoding.drafters.eagle import (
         EagleDrafter,
         load_eagle_head,
@@ -392,11 +438,14 @@ def build_eagle(
         directory = str(given[0])
         head = _cached_weights(f"path:{directory}", lambda: load_eagle_head(directory, target.model), target.model)
         warn_other_model(directory, loaded.config.name)
-    if total_tokens == "auto":  # sized to the hardware (tree_sizing.py)
+    if total_tokens == AUTO:  # sized to the hardware (tree_sizing.py)
         from tss_opt.decoding.tree_sizing import sized_eagle
 
         return sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
-    return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
+    return EagleDrafter(
+        head, total_tokens=_fixed("eagle", "total_tokens", total_tokens), depth=depth, top_k=top_k,
+        return_probs=return_probs,
+    )
 
 
 def _build_members(

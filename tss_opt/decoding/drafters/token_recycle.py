@@ -225,10 +225,10 @@ class TokenRecycleDrafter(Drafter):
         hardware (:mod:`tss_opt.decoding.tree_sizing`: the cached verification-latency table
         and the ``token_recycle`` acceptance profile). An empty template means that no tree
         pays here: every step is then a plain decoding step."""
-        from tss_opt.decoding.tree_sizing import DEFAULT_DIR, auto_template
+        from tss_opt.decoding.tree_sizing import auto_template
 
         choice = auto_template(
-            target, "token_recycle", directory=directory or DEFAULT_DIR, max_depth=max_depth,
+            target, "token_recycle", directory=directory, max_depth=max_depth,
             max_rank=top_k, max_nodes=max_nodes,
         )
         drafter = cls(template=choice.template, top_k=top_k, keep_table=keep_table)

@@ -1,0 +1,177 @@
+"""Hardware sizing is the default of every tree drafter (issue 23 item 2): the shipped configs
+build sized drafters, the chain length of prompt lookup is the argmax of the expected rate, the
+choice is a deterministic function of the cached inputs (replay == engine), and greedy outputs
+stay identical to plain decoding for every drafter, sized and at fixed sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tss_opt.decoding.drafters import build_drafter
+from tss_opt.decoding.drafters.errors import DrafterConfigError
+from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree_sizing import (
+    ENV_DIR,
+    AcceptanceProfile,
+    LatencyTable,
+    load_or_measure_latency,
+    save_profile,
+    sized_chain,
+)
+from tss_opt.models import LoadedModel
+
+CPU_LIKE = {0: 1.0, 1: 2.0, 4: 5.0, 16: 17.0}  # every node costs a plain step: nothing pays
+FLAT = {0: 1.0, 1: 1.0, 4: 1.0, 16: 1.05}  # a GPU-like table: wide trees pay
+
+
+@pytest.fixture(scope="module")
+def target64(tiny64: LoadedModel) -> TargetModel:
+    return TargetModel(tiny64.model)
+
+
+def _seed(target: TargetModel, directory: Path, latency: dict[int, float]) -> None:
+    """This key's latency table := ``latency``; profiles for every sized drafter."""
+    t = load_or_measure_latency(target, directory, sizes=(0, 1))
+    path = next(directory.glob("latency-*.json"))
+    path.write_text(json.dumps(LatencyTable(latency, t.key, t.measured_at).to_dict()))
+    prof = AcceptanceProfile(rank_accept=((0.6, 0.3, 0.2, 0.1),))
+    for name in ("token_recycle", "eagle"):
+        save_profile(prof, name, directory)
+    save_profile(AcceptanceProfile(rank_accept=((0.6,), (0.8,))), "pld", directory)
+
+
+def _prompts(n: int = 2) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    # A repeated span, so prompt lookup and SAMD find matches.
+    out = []
+    for _ in range(n):
+        span = torch.randint(0, 200, (6,), generator=g)
+        out.append(torch.cat([span, torch.randint(0, 200, (4,), generator=g), span]))
+    return out
+
+
+def _shipped(cfg: dict[str, Any]) -> Any:
+    """The shipped ``conf/drafter/<name>.yaml`` with ``cfg`` merged in (TAPS members live there)."""
+    from omegaconf import OmegaConf
+
+    from tss_opt.config import config_dir
+
+    return OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / f"{cfg['name']}.yaml"), cfg)
+
+
+def _lossless(target: TargetModel, drafter: Any, new_tokens: int = 16) -> None:
+    plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter)
+    for prompt in _prompts():
+        want = plain.generate(prompt, max_new_tokens=new_tokens).tokens
+        assert torch.equal(spec.generate(prompt, max_new_tokens=new_tokens).tokens, want)
+
+
+def test_chain_length_is_the_argmax_by_hand() -> None:
+    # p(depth 1) = 0.6, p(depth >= 2) = 0.8 (conditional). Expected tokens for a chain of n:
+    # 1 + 0.6 (1 + 0.8 + ... + 0.8^(n-1)): n=1 1.6, n=2 2.08, n=3 2.464.
+    # Latency 0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0 -> rates 1.0, 1.067, 1.300, 1.232: n = 2.
+    from tss_opt.decoding.tree_sizing import choose_tree
+
+    prof = AcceptanceProfile(rank_accept=((0.6,), (0.8,)))
+    choice = choose_tree({0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0}, prof, sizes=range(1, 4), max_depth=3)
+    assert choice.nodes == 2 and choice.template.parents == (-1, 0)
+    assert choice.expected_tokens == pytest.approx(2.08)
+    rates = {(n, d): r for n, d, r in choice.candidates}
+    assert rates[(3, 3)] == pytest.approx(2.464 / 2.0) and rates[(1, 1)] == pytest.approx(1.6 / 1.5)
+    # Verification twice as dear: no length pays.
+    assert choose_tree({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}, prof, sizes=range(1, 4), max_depth=3).nodes == 0
+
+
+def test_pld_default_is_sized(target64: TargetModel, tiny64: LoadedModel, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _seed(target64, tmp_path, {0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0, 10: 9.0})
+    d = build_drafter({"name": "pld"}, target64, tiny64)
+    assert isinstance(d, PromptLookupDrafter) and d.num_tokens == 2 and d.choice is not None
+    assert d.num_tokens == sized_chain(target64, "pld", max_tokens=10).nodes
+    assert build_drafter({"name": "pld", "num_tokens": 7}, target64, tiny64).num_tokens == 7  # fixed
+    _seed(target64, tmp_path, CPU_LIKE)
+    off = build_drafter({"name": "pld"}, target64, tiny64)
+    assert off.num_tokens == 0 and len(off.propose(torch.tensor([1, 2, 1, 2, 1]))) == 0  # no speculation
+    assert off.capabilities.replayable and off.capabilities.confidence  # still a TAPS member
+
+
+@pytest.mark.parametrize("bad", [-1, 0, "ten", 2.5])
+def test_bad_size_setting_names_value_and_fix(target64: TargetModel, tiny64: LoadedModel, bad: Any) -> None:
+    with pytest.raises(DrafterConfigError, match=rf"num_tokens={bad!r}.*positive integer, or 'auto'"):
+        build_drafter({"name": "pld", "num_tokens": bad}, target64, tiny64)
+
+
+def test_choice_is_a_function_of_the_cached_inputs(target64: TargetModel, tiny64: LoadedModel, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builds (the engine's, the replay evaluator's) choose the same tree; EAGLE's cost per
+    level is measured once and cached, never re-measured per build."""
+    import tss_opt.decoding.tree_sizing as ts
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _seed(target64, tmp_path, FLAT)
+    cfg = {"name": "eagle", "random_init": True, "depth": 3, "top_k": 4}
+    first = build_drafter(cfg, target64, tiny64)
+    assert len(list(tmp_path.glob("draft-eagle_level_d3_k4-*.json"))) == 1
+
+    def boom(*a: Any, **k: Any) -> float:
+        raise AssertionError("EAGLE's level cost was measured again instead of read from the cache")
+
+    monkeypatch.setattr(ts, "eagle_level_seconds", boom)
+    second = build_drafter(cfg, target64, tiny64)
+    assert first.choice.template == second.choice.template and first.total_tokens == second.total_tokens
+    for name in ("token_recycle", "pld", "samd"):
+        a, b = build_drafter({"name": name}, target64, tiny64), build_drafter({"name": name}, target64, tiny64)
+        ca = getattr(a, "choice", None) or a.fallback.choice
+        cb = getattr(b, "choice", None) or b.fallback.choice
+        assert ca.template == cb.template
+
+
+DEFAULTS = [
+    {"name": "pld"},
+    {"name": "token_recycle"},
+    {"name": "samd"},
+    {"name": "merged"},
+    {"name": "routed"},
+    {"name": "eagle", "random_init": True, "depth": 3, "top_k": 4},
+]
+
+
+@pytest.mark.parametrize("latency", [CPU_LIKE, FLAT], ids=["cpu_like", "flat"])
+@pytest.mark.parametrize("cfg", DEFAULTS, ids=[c["name"] for c in DEFAULTS])
+def test_every_default_drafter_is_lossless(target64: TargetModel, tiny64: LoadedModel, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, cfg: dict[str, Any],
+                                           latency: dict[int, float]) -> None:
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _seed(target64, tmp_path, latency)
+    drafter = build_drafter(_shipped(cfg), target64, tiny64)
+    parts = [d for _, d in getattr(drafter, "members", [])] or [getattr(drafter, "fallback", drafter)]
+    nodes = [p.choice.nodes for p in parts]
+    # CPU-like: every sized part turned speculation off; flat: every part speculates.
+    assert all(n == 0 for n in nodes) if latency is CPU_LIKE else all(n > 0 for n in nodes)
+    _lossless(target64, drafter)
+
+
+FIXED = [
+    {"name": "pld", "num_tokens": 1},
+    {"name": "pld", "num_tokens": 10},
+    {"name": "token_recycle", "template": "builtin:token_recycle_15.json"},
+    {"name": "token_recycle", "template": "builtin:token_recycle_large.json"},
+    {"name": "samd", "template": "builtin:token_recycle_15.json"},
+    {"name": "merged", "members": [{"name": "pld", "num_tokens": 4},
+                                   {"name": "token_recycle", "template": "builtin:token_recycle_15.json"}]},
+    {"name": "eagle", "random_init": True, "total_tokens": 4, "depth": 2, "top_k": 4},
+    {"name": "eagle", "random_init": True, "total_tokens": 24, "depth": 4, "top_k": 4},
+]
+
+
+@pytest.mark.parametrize("cfg", FIXED, ids=lambda c: "-".join(str(v) for v in c.values())[:40])
+def test_fixed_sizes_stay_lossless(target64: TargetModel, tiny64: LoadedModel, cfg: dict[str, Any]) -> None:
+    _lossless(target64, build_drafter(_shipped(cfg), target64, tiny64))
