@@ -365,9 +365,11 @@ def build_eagle(
     depth: int = 6,
     top_k: int = 8,
     return_probs: bool = False,
+    draft_vocab: int | None = None,
 ) -> Drafter:
     """EAGLE-1 head from ``checkpoint`` (``path`` is its older name, still accepted), or a
-    random head with ``random_init``; EAGLE-2 tree."""
+    random head with ``random_init``; EAGLE-2 tree over the head's draft vocabulary
+    (``draft_vocab``: null = the head's, 0 = the whole vocabulary, N = its N most frequent)."""
     from tss_opt.decoding.drafters.eagle import (
         EagleDrafter,
         load_eagle_head,
@@ -395,8 +397,14 @@ def build_eagle(
     if total_tokens == "auto":  # sized to the hardware (tree_sizing.py)
         from tss_opt.decoding.tree_sizing import sized_eagle
 
-        return sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
-    return EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
+        drafter = sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
+    else:
+        drafter = EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
+    try:
+        drafter.use_draft_vocab(draft_vocab)
+    except ValueError as e:
+        raise DrafterConfigError(str(e)) from e
+    return drafter
 
 
 def _build_members(
