@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tss_opt.decoding.drafters import EagleDrafter, build_drafter, load_eagle_head, random_eagle_head, save_eagle_head
+from tss_opt.decoding.drafters import (
+    EagleDrafter,
+    build_drafter,
+    load_eagle_head,
+    random_eagle_head,
+    save_eagle_head,
+)
 from tss_opt.decoding.drafters.eagle import frequent_tokens
 from tss_opt.decoding.drafters.errors import DrafterConfigError
 from tss_opt.decoding.engine import SpeculativeEngine

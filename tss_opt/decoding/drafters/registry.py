@@ -400,10 +400,11 @@ def build_eagle(
         drafter = sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
     else:
         drafter = EagleDrafter(head, total_tokens=total_tokens, depth=depth, top_k=top_k, return_probs=return_probs)
-    try:
-        drafter.use_draft_vocab(draft_vocab)
-    except ValueError as e:
-        raise DrafterConfigError(str(e)) from e
+    if isinstance(drafter, EagleDrafter):  # total_tokens=auto may decide that no tree pays (NoDrafter)
+        try:
+            drafter.use_draft_vocab(draft_vocab)
+        except ValueError as e:
+            raise DrafterConfigError(str(e)) from e
     return drafter
 
 
