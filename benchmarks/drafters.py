@@ -8,7 +8,8 @@
 A method is ``NAME`` (a shipped drafter config: pld, samd, token_recycle), ``eagle:random`` (a
 random head of the target's shapes), ``eagle:DIR`` (a trained head), ``eagle@DOMAIN:DIR`` (a
 head used on DOMAIN only, e.g. each domain's own head), ``t2d:DIR`` (a T2D drafter) or
-``self:DIR`` (the self-drafter that keeps the same target layers as the T2D drafter in DIR,
+``eagle:DIR#k=v,...`` (a trained head with drafter settings, e.g.
+``#draft_vocab=0,total_tokens=10,depth=4,top_k=3``), ``self:DIR`` (the self-drafter that keeps the same target layers as the T2D drafter in DIR,
 without distillation: what distillation adds). For every domain (held-out prompts) and method,
 dense and combined with the TSS skip set ``--skip`` (scope verify): accepted length
 (committed tokens per verification), the domain's metric, tokens/s (new tokens over decoding
@@ -67,10 +68,25 @@ def training_seconds(folder: Path) -> float | None:
     return None
 
 
+def parse_overrides(text: str) -> dict[str, Any]:
+    """``"draft_vocab=0,total_tokens=8"`` -> ``{"draft_vocab": 0, "total_tokens": 8}`` (YAML values)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"drafter setting {item!r}: expected KEY=VALUE, e.g. draft_vocab=0")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def parse_method(spec: str, num_layers: int) -> tuple[str, dict[str, Any], float | None, str | None]:
     """``spec`` -> (label, drafter config, training seconds, domain restriction)."""
     kind, _, arg = spec.partition(":")
     kind, _, only = kind.partition("@")
+    arg, _, opts = arg.partition("#")
+    over = parse_overrides(opts)
     only_domain = only or None
     if not arg:
         return kind, shipped(kind), None, only_domain
@@ -80,7 +96,9 @@ def parse_method(spec: str, num_layers: int) -> tuple[str, dict[str, Any], float
     if not folder.is_dir():
         raise SystemExit(f"--method {spec!r}: {folder} is not a directory; train it first (docs/drafters.md)")
     if kind == "eagle":
-        return f"eagle ({folder.name if folder.name != 'eagle' else folder.parent.name})", shipped("eagle", path=str(folder)), training_seconds(folder), only_domain
+        name = folder.name if folder.name != "eagle" else folder.parent.name
+        label = f"eagle ({name}" + "".join(f", {k}={v}" for k, v in over.items()) + ")"
+        return label, shipped("eagle", path=str(folder), **over), training_seconds(folder), only_domain
     report = json.loads((folder / "t2d_report.json").read_text()) if (folder / "t2d_report.json").is_file() else None
     if kind == "t2d":
         return f"t2d ({len(report['keep_layers']) if report else '?'} layers)", shipped("t2d", path=str(folder)), training_seconds(folder), only_domain

@@ -41,7 +41,7 @@ def _shipped(name: str) -> Domain:
 # ----------------------------------------------------------------------------- shipped text
 def test_shipped_training_files_are_package_data() -> None:
     files = sorted(p.name for p in (Path(str(config_dir())).resolve().parent / "tss_opt" / "data" / "train").glob("*.jsonl"))
-    assert files == ["mmlu.jsonl", "qa.jsonl"]
+    assert files == ["chat_prompts.jsonl", "mmlu.jsonl", "qa.jsonl"]
     with_extra = {n for n in SHIPPED if _shipped(n).config.train_data}
     assert with_extra == {"qa", "mmlu"}
 

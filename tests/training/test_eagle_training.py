@@ -235,6 +235,10 @@ def test_decoding_with_the_trained_head_is_lossless(
         ({"seq_len": 1}, r"train.seq_len=1 is invalid"),
         ({"ce_target": "soft"}, r"train.ce_target='soft' is invalid; expected one of greedy, distribution"),
         ({"sources": ["validation"]}, r"train.sources=\['validation'\] is invalid; expected a non-empty list of calibration, extra"),
+        ({"generated_tokens": -1}, r"train.generated_tokens=-1 is invalid; expected an integer >= 0 \(0 = off\)"),
+        ({"draft_vocab": 1.5}, r"train.draft_vocab=1.5 is invalid; expected an integer >= 0"),
+        ({"sample_tokens": 0}, r"train.sample_tokens=0 is invalid; expected an integer >= 1"),
+        ({"sample_temperature": 0.0}, r"train.sample_temperature=0.0 is invalid; expected a temperature > 0"),
     ],
 )
 def test_bad_settings_are_refused(change: dict, message: str, target64: TargetModel, features: FeatureSet, tmp_path: Path) -> None:

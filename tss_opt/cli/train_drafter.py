@@ -8,6 +8,9 @@ validation or held-out prompts) and writes a checkpoint under
 ``train.general=true`` (no ``+domain``) trains one head on every domain together, saved under
 ``<model>/general/``; ``train.domains=[a,b]`` trains one head on those domains, saved under
 ``<model>/a+b/``. ``drafter.checkpoint=PATH`` writes the checkpoint to PATH instead.
+``train.generated_tokens=N`` adds about N tokens of text the target samples itself from the
+training prompts and generic chat prompts (data-free distillation, issue 23), and the
+checkpoint keeps the ``train.draft_vocab`` most frequent tokens as its draft vocabulary.
 Settings: ``train.*`` (tss_opt/config/train.py, docs/drafters.md).
 """
 

@@ -50,6 +50,17 @@ class TrainSettings:
             lookup) and the features are read off its forwards, one pass per prompt; > 1:
             batched ``generate`` of that many prompts, then a second forward for the features
             (faster on a GPU).
+        generated_tokens: data-free distillation (issue 23): sample about this many tokens of
+            text from the target itself (continuations of the training prompts and of the
+            shipped generic chat prompts, ``tss_opt/data/train/chat_prompts.jsonl``) and train on it
+            too; 0 = none (only the prompts and their greedy continuations).
+        sample_tokens: tokens per sampled continuation (fewer when EOS comes first).
+        sample_temperature: the temperature of the sampled continuations (> 0).
+        chat_prompts: also continue the shipped generic chat prompts (not only the domains'
+            training prompts).
+        draft_vocab: the checkpoint keeps this many most frequent tokens of the training
+            text, in order (FR-Spec's draft vocabulary); the drafter projects onto them only
+            (``drafter.draft_vocab``); 0 = none (the head drafts over the whole vocabulary).
         checkpoint_every: steps between checkpoints (one is always written at the end and on
             Ctrl-C); 0 = only at the end.
         probe_every: steps between accepted-length probes (one runs before training, on the
@@ -82,6 +93,11 @@ class TrainSettings:
     extra_prompts: int | None = 256
     continuation_tokens: int = 64
     generation_batch: int = 1
+    generated_tokens: int = 0
+    sample_tokens: int = 128
+    sample_temperature: float = 0.8
+    chat_prompts: bool = True
+    draft_vocab: int = 8192
     checkpoint_every: int = 100
     probe_every: int = 200
     probe_prompts: int = 2

@@ -80,6 +80,14 @@ def check_settings(s: TrainSettings) -> None:
             raise bad(key, getattr(s, key), "an integer >= 1")
     if not _is_int(s.seq_len) or s.seq_len < 2:
         raise bad("seq_len", s.seq_len, "an integer >= 2 (token pairs per row)")
+    for key in ("generated_tokens", "draft_vocab"):
+        if not _is_int(getattr(s, key)) or getattr(s, key) < 0:
+            raise bad(key, getattr(s, key), "an integer >= 0 (0 = off)")
+    if not _is_int(s.sample_tokens) or s.sample_tokens < 1:
+        raise bad("sample_tokens", s.sample_tokens, "an integer >= 1 (tokens per sampled continuation)")
+    t = s.sample_temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise bad("sample_temperature", t, "a temperature > 0, e.g. 0.8")
     for key in ("warmup_steps", "continuation_tokens", "checkpoint_every", "probe_every", "probe_prompts"):
         if not _is_int(getattr(s, key)) or getattr(s, key) < 0:
             raise bad(key, getattr(s, key), "an integer >= 0")

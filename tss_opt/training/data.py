@@ -9,7 +9,9 @@ The text of a domain is
   disjoint from the pool: a record whose prompt equals any prompt of the pool is dropped
   (and counted), so a validation or held-out prompt can never slip in;
 - after every prompt, the plain target's **greedy continuation** (``continuation_tokens``):
-  the text the drafter will be asked to predict at run time.
+  the text the drafter will be asked to predict at run time;
+- with ``train.generated_tokens > 0``, text the target **samples** itself from these prompts
+  and generic chat prompts (data-free distillation, :mod:`~tss_opt.training.generated`).
 
 Every prompt is chat-formatted exactly as the evaluator formats it (``format_prompt``), so the
 head sees the token sequences it will draft on. With ``generation_batch: 1`` (the default) each
@@ -168,6 +170,9 @@ class TrainingText:
     def describe(self) -> str:
         parts = []
         for name, c in self.counts.items():
+            if "samples" in c:  # the sampled text (tss_opt.training.generated)
+                parts.append(f"{name}: {c['samples']} sampled continuations of {c['prompts']} prompts, {c['generated']} tokens")
+                continue
             bits = [f"{c.get('calibration', 0)} calibration + {c.get('extra', 0)} extra prompts"]
             if c.get("dropped"):
                 bits.append(f"{c['dropped']} extra dropped (pool prompts)")
@@ -363,6 +368,15 @@ def build_training_text(
         feats += part["features"]
         labels += part["labels"]
         counts[name] = part["counts"]
+    from tss_opt.training.generated import GENERATED, generated_part
+
+    gen = generated_part(target, tokenizer, texts, settings, eos_token_ids, cache_dir, model_key)
+    if gen is not None:  # data-free distillation: the target's sampled text (train.generated_tokens)
+        sequences += gen["sequences"]
+        lengths += gen["prompt_lengths"]
+        feats += gen["features"]
+        labels += gen["labels"]
+        counts[GENERATED] = gen["counts"]
     if not sequences:
         raise TrainingDataError(
             f"no training sequence fits the model's {target.max_context} positions "

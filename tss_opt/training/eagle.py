@@ -38,6 +38,7 @@ from tss_opt.decoding.drafters.eagle import (
     EagleDrafter,
     EagleHead,
     additive_mask,
+    frequent_tokens,
     load_eagle_head,
     random_eagle_head,
     save_eagle_head,
@@ -202,6 +203,7 @@ def clone_head(head: EagleHead, dtype: torch.dtype | None = None) -> EagleHead:
     p = next(head.parameters())
     first_norm = not isinstance(head.layers[0].input_layernorm, torch.nn.Identity)
     new = EagleHead(copy.deepcopy(head.config), head.embed_tokens, head.lm_head, bias=head.has_bias, first_layer_norm=first_norm)
+    new.set_draft_vocab(head.draft_vocab)  # before loading: the state dict holds it
     new.load_state_dict(head.state_dict())
     return new.to(device=p.device, dtype=dtype or p.dtype).eval()
 
@@ -399,6 +401,9 @@ def train_eagle(
     check_settings(settings)
     checkpoint_dir = Path(checkpoint_dir)
     head, done_before = _starting_head(target, checkpoint_dir, settings)
+    # The draft vocabulary: the training text's most frequent tokens (prompts and continuations:
+    # what the head will be asked to draft). The probe drafts from it, as decoding will.
+    head.set_draft_vocab(frequent_tokens(features.tokens, settings.draft_vocab) if settings.draft_vocab else None)
     run = _Run(
         target=target, head=head, settings=settings, checkpoint_dir=checkpoint_dir, done_before=done_before,
         probe_prompts=probe_prompts,

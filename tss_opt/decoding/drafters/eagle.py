@@ -28,7 +28,12 @@ from tss_opt.decoding.drafters.eagle_checkpoint import (
     trained_for,
     warn_other_model,
 )
-from tss_opt.decoding.drafters.eagle_head import EagleHead, additive_mask, random_eagle_head
+from tss_opt.decoding.drafters.eagle_head import (
+    EagleHead,
+    additive_mask,
+    frequent_tokens,
+    random_eagle_head,
+)
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.tree import DraftTree
 
@@ -42,6 +47,7 @@ __all__ = [
     "EagleHeadError",
     "additive_mask",
     "load_eagle_head",
+    "frequent_tokens",
     "random_eagle_head",
     "save_eagle_head",
     "trained_for",
@@ -66,6 +72,12 @@ class EagleDrafter(Drafter):
         return_probs: also attach each node's draft distribution (the head's softmax at its
             parent, ``DraftTree.probs`` with ``sampled=False``) for relaxed verification
             (``verification=diversed|cospec`` turns it on); exact verification ignores it.
+        draft_vocab: how much of the head's draft vocabulary to draft from: ``None`` = all
+            it carries (the whole vocabulary for a head without one), ``0`` = the whole
+            vocabulary, ``N`` = its ``N`` most frequent tokens. Only ``lm_head``'s rows of
+            those tokens are computed per tree level; a distribution (``return_probs``) is 0
+            outside them, still a distribution over the whole vocabulary. Verification is the
+            target's, so greedy decoding stays exactly greedy whatever the head drafts.
 
     Features come from the engine: :meth:`prefill_feedback` gives ``f[0..P-1]`` of the
     prompt, every :meth:`update` the rows of the root and the accepted nodes, i.e. exactly the
@@ -86,6 +98,7 @@ class EagleDrafter(Drafter):
         depth: int = 6,
         top_k: int = 8,
         return_probs: bool = False,
+        draft_vocab: int | None = None,
     ) -> None:
         if total_tokens < 2 or depth < 1 or top_k < 1:
             raise ValueError(
@@ -106,6 +119,47 @@ class EagleDrafter(Drafter):
         self.last_scores: torch.Tensor | None = (
             None  # cumulative log-probs of the last tree's nodes
         )
+        self.use_draft_vocab(draft_vocab)
+
+    # ------------------------------------------------------------------------- draft vocabulary
+    def use_draft_vocab(self, n: int | None) -> None:
+        """Draft from the head's ``n`` most frequent tokens (``None``: all it carries; ``0``:
+        the whole vocabulary). See the class docstring.
+
+        Raises:
+            ValueError: ``n`` is negative, or positive for a head without a draft vocabulary.
+        """
+        carried = self.head.draft_vocab
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"drafter.draft_vocab={n!r} is invalid; expected null (the head's), 0 (the whole vocabulary) or N > 0")
+        if n and carried is None:
+            raise ValueError(
+                f"drafter.draft_vocab={n} but this EAGLE head carries no draft vocabulary (a checkpoint from before "
+                "issue 23, or trained with train.draft_vocab=0); set drafter.draft_vocab=null, or retrain the head"
+            )
+        self.vocab_ids: torch.Tensor | None = None  # [N] target ids of draft row i; None = identity
+        self._vocab_weight: torch.Tensor | None = None  # [N, H]: lm_head's rows of those ids
+        self._vocab_bias: torch.Tensor | None = None
+        if carried is None or n == 0:
+            return
+        ids = carried[:n] if n else carried
+        lm = self.head.lm_head
+        self.vocab_ids = ids.to(self.device)
+        # A copy, once: indexing lm_head.weight per level would gather N rows every time.
+        self._vocab_weight = lm.weight.detach()[self.vocab_ids].to(self.dtype).contiguous()
+        bias = getattr(lm, "bias", None)
+        self._vocab_bias = None if bias is None else bias.detach()[self.vocab_ids].to(self.dtype)
+
+    def _draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``h`` ``[..., H]`` -> logits over the draft vocabulary ``[..., N]`` (``[..., V]``
+        without one)."""
+        if self._vocab_weight is None:
+            return self.head.lm_head(h)
+        return torch.nn.functional.linear(h, self._vocab_weight, self._vocab_bias)
+
+    def _target_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary rows -> target token ids (the identity without one)."""
+        return rows if self.vocab_ids is None else self.vocab_ids[rows]
 
     # ------------------------------------------------------------------------- features
     def reset(self, prompt_ids: torch.Tensor) -> None:
@@ -185,10 +239,11 @@ class EagleDrafter(Drafter):
         """
         assert self._cache is not None
         head, k, dev = self.head, self.top_k, self.device
-        logp = _log_probs(head.lm_head(h_last))  # [V]
+        logp = _log_probs(self._draft_logits(h_last))  # [N] (N = V without a draft vocabulary)
         top = logp.topk(k)
+        top_tokens = self._target_ids(top.indices)  # [k] target ids
         # Per level, on the device: tokens [n_l], parents [n_l] (node ids; -1 = the root), scores [n_l].
-        level_tokens = [top.indices]
+        level_tokens = [top_tokens]
         level_parents = [torch.full((k,), -1, dtype=torch.long, device=dev)]
         level_scores = [top.values]
         n_nodes = k
@@ -200,7 +255,7 @@ class EagleDrafter(Drafter):
         # The frontier (nodes fed to the head at this level): node ids, tokens, scores,
         # their parents' predicted features, and the tree slots of their strict ancestors.
         frontier = torch.arange(k, device=dev)  # [f]
-        f_tokens, f_scores = top.indices, top.values  # [f]
+        f_tokens, f_scores = top_tokens, top.values  # [f]
         parent_feature = h_last.unsqueeze(0).expand(k, -1)  # [f, H]
         ancestors = torch.zeros(k, 0, dtype=torch.bool, device=dev)  # [f, slots so far]
         for d in range(1, self.depth):
@@ -213,15 +268,16 @@ class EagleDrafter(Drafter):
             out = head(
                 f_tokens.unsqueeze(0), parent_feature.unsqueeze(0), pos, additive_mask(allowed, self.dtype), self._cache
             )[0]
-            lp = _log_probs(head.lm_head(out))  # [f, V]
+            lp = _log_probs(self._draft_logits(out))  # [f, N]
             top = lp.topk(k, dim=-1)
+            top_tokens = self._target_ids(top.indices)  # [f, k] target ids
             cum = top.values + f_scores.to(lp.dtype)[:, None]  # [f, k]
             first_new = n_nodes
             if self.return_probs:
                 node_dist.extend(n_dist_rows + r for r in range(f) for _ in range(k))
                 dists.append(lp)
                 n_dist_rows += f
-            level_tokens.append(top.indices.reshape(-1))
+            level_tokens.append(top_tokens.reshape(-1))
             level_parents.append(frontier.repeat_interleave(k))
             level_scores.append(cum.reshape(-1))
             n_nodes += f * k
@@ -229,7 +285,7 @@ class EagleDrafter(Drafter):
                 break
             best = cum.reshape(-1).topk(min(k, f * k)).indices  # [f']: children to feed next
             frontier = first_new + best
-            f_tokens = top.indices.reshape(-1)[best]
+            f_tokens = top_tokens.reshape(-1)[best]
             f_scores = cum.reshape(-1)[best]
             parent_feature = out[best // k]
             ancestors = tree_part[best // k]  # a child's strict ancestors: its parent's slots
@@ -273,7 +329,10 @@ class EagleDrafter(Drafter):
             rows, node_dist = probs
             # (not `index`: that maps kept nodes to their new positions, for the parents below)
             dist_rows = upload(torch.tensor([node_dist[u] for u in keep], dtype=torch.long), rows.device)
-            node_probs = rows[dist_rows].float().exp()  # [n, V]
+            node_probs = rows[dist_rows].float().exp()  # [n, N]
+            if self.vocab_ids is not None:  # 0 outside the draft vocabulary: a distribution over [V]
+                full = torch.zeros(node_probs.shape[0], int(self.head.lm_head.weight.shape[0]), device=node_probs.device)
+                node_probs = full.index_copy_(1, self.vocab_ids.to(node_probs.device), node_probs)  # [n, V]
         tree = DraftTree(
             tokens=torch.tensor([tokens[u] for u in keep], dtype=torch.long),
             parents=tuple(-1 if parents[u] == -1 else index[parents[u]] for u in keep),

@@ -7,6 +7,12 @@ directory with ``config.json`` (a Llama config with ``num_hidden_layers: 1`` and
 ``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.post_attention_layernorm.weight``
 and possibly ``embed_tokens.weight``. Layer 0 has no ``input_layernorm`` (its input is the
 ``fc`` projection); later layers, if any, do.
+
+Our extension (issue 23): an optional ``draft_vocab`` key, a ``torch.LongTensor`` of shape
+``(N,)`` with the draft vocabulary (target ids, most frequent first), and
+``draft_vocab_size: N`` in ``config.json`` for people reading it. A checkpoint without it
+(every EAGLE-1 checkpoint, and ours before issue 23) loads as before and drafts over the whole
+vocabulary.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ WEIGHTS_SAFETENSORS = "model.safetensors"
 TRAINING_FILE = "training.json"
 # Keys an EAGLE-1 checkpoint may carry that the head does not own: it uses the target's.
 _TARGET_OWNED = ("embed_tokens.weight",)
+DRAFT_VOCAB_KEY = "draft_vocab"
 
 
 class EagleHeadError(TSSError):
@@ -48,6 +55,8 @@ def save_eagle_head(
     out.mkdir(parents=True, exist_ok=True)
     cfg = head.config.to_dict()
     cfg["bias"] = head.has_bias
+    if head.draft_vocab is not None:
+        cfg["draft_vocab_size"] = int(head.draft_vocab.numel())
     (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, default=str) + "\n", encoding="utf-8")
     state = {k: v.detach().cpu().clone() for k, v in head.state_dict().items()}
     if include_embeddings:
@@ -129,6 +138,7 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
     lm = _causal_lm(target_model)
     embed, lm_head = lm.get_input_embeddings(), lm.get_output_embeddings()
     t_vocab, t_hidden = (int(s) for s in embed.weight.shape)
+    cfg_dict.pop("draft_vocab_size", None)  # informative only; the weights file holds the list
     config = LlamaConfig.from_dict(cfg_dict)
     if config.hidden_size != t_hidden or config.vocab_size != t_vocab:
         other = trained_for(directory)
@@ -147,6 +157,14 @@ def load_eagle_head(directory: str | Path, target_model: Any) -> EagleHead:
     bias = "fc.bias" in state
     first_norm = "layers.0.input_layernorm.weight" in state
     head = EagleHead(config, embed, lm_head, bias=bias, first_layer_norm=first_norm)
+    if DRAFT_VOCAB_KEY in state:
+        try:
+            head.set_draft_vocab(state[DRAFT_VOCAB_KEY])
+        except ValueError as e:
+            raise EagleHeadError(
+                f"{weights_path}: its {DRAFT_VOCAB_KEY} does not fit the target's {t_vocab} tokens: {e}; "
+                "use a head trained for this target model"
+            ) from e
     expected = head.state_dict()
     missing = [k for k in expected if k not in state]
     if missing:

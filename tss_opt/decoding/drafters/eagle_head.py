@@ -6,6 +6,12 @@ committed tokens: pair ``j`` is ``concat(embed(t[j+1]), f[j])``, projected by ``
 ``f[j+1]``, which the target's own ``lm_head`` turns into a distribution over ``t[j+2]``. The
 head reuses the target's ``embed_tokens`` and ``lm_head`` (references, not copies).
 Checkpoints: eagle_checkpoint.py; drafting a tree with it: eagle.py.
+
+A head may carry a **draft vocabulary** (FR-Spec, arXiv 2502.14856; EAGLE-3's ``d2t``): the
+target token ids it drafts from, most frequent first. Projecting onto ``N`` rows of
+``lm_head`` instead of all ``V`` is what makes a tree level cheap (issue 23: the full 49k
+projection was most of EAGLE's drafting time on a CPU). The head only stores the list; the
+drafter decides how many of it to use (``drafter.draft_vocab``).
 """
 
 from __future__ import annotations
@@ -60,6 +66,34 @@ class EagleHead(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
         # Plain attributes, not submodules: neither in state_dict nor moved/cast with the head.
         object.__setattr__(self, "_target_modules", (embed_tokens, lm_head))
+        # Target ids, most frequent first (None: no draft vocabulary). A buffer, so it is saved
+        # in the state dict and moves with the head; an integer buffer is never cast by .to(dtype).
+        self.register_buffer("draft_vocab", None)
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Attach (or, with ``None``, remove) the draft vocabulary.
+
+        Args:
+            ids: ``torch.LongTensor`` of shape ``(N,)``: distinct target token ids in
+                ``[0, vocab_size)``, most frequent first.
+
+        Raises:
+            ValueError: not a 1-D list of distinct ids of the target's vocabulary.
+        """
+        if ids is None:
+            self.draft_vocab = None
+            return
+        ids = torch.as_tensor(ids).reshape(-1)
+        vocab = int(self.lm_head.weight.shape[0])
+        if ids.dtype.is_floating_point or ids.numel() == 0:
+            raise ValueError(f"a draft vocabulary is a non-empty list of token ids; got {ids.numel()} {ids.dtype} values")
+        ids = ids.long()
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab or int(ids.unique().numel()) != int(ids.numel()):
+            raise ValueError(
+                f"a draft vocabulary holds distinct token ids in [0, {vocab}); got {ids.numel()} ids in "
+                f"[{int(ids.min())}, {int(ids.max())}] with {int(ids.numel()) - int(ids.unique().numel())} repeated"
+            )
+        self.draft_vocab = ids.to(self.fc.weight.device)
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -119,6 +153,21 @@ class EagleHead(nn.Module):
                 position_embeddings=pos_emb,
             )
         return h
+
+
+def frequent_tokens(tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` most frequent ids of ``tokens`` (fewer when fewer distinct ids occur), most
+    frequent first; ties go to the smaller id, so the list is deterministic.
+
+    Args:
+        tokens: ``torch.LongTensor`` of any shape.
+
+    Returns:
+        ``torch.LongTensor`` of shape ``(min(n, distinct),)`` on the CPU.
+    """
+    ids, counts = tokens.reshape(-1).cpu().unique(return_counts=True)  # ids ascending
+    order = torch.argsort(-counts, stable=True)  # stable: equal counts keep the smaller id first
+    return ids[order][:n].clone()
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

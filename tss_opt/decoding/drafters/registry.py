@@ -410,10 +410,13 @@ def build_eagle(
     depth: int = 6,
     top_k: int = 8,
     return_probs: bool = False,
+    draft_vocab: int | None = None,
 ) -> Drafter:
     """EAGLE-1 head from ``checkpoint`` (``path`` is its older name, still accepted), or a
     random head with ``random_init``; EAGLE-2 tree of ``total_tokens`` (``auto``, the
-    default: sized to the hardware with ``depth`` and ``top_k`` as caps)."""
+    default: sized to the hardware with ``depth`` and ``top_k`` as caps) over the head's draft
+    vocabulary (``draft_vocab``: null = the head's, 0 = the whole vocabulary, N = its N most
+    frequent)."""
     from tss_opt.decoding.drafters.eagle import (
         EagleDrafter,
         load_eagle_head,
@@ -441,11 +444,20 @@ def build_eagle(
     if total_tokens == AUTO:  # sized to the hardware (tree_sizing.py)
         from tss_opt.decoding.tree_sizing import sized_eagle
 
-        return sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
-    return EagleDrafter(
-        head, total_tokens=_fixed("eagle", "total_tokens", total_tokens), depth=depth, top_k=top_k,
-        return_probs=return_probs,
-    )
+        # sized with the head's own draft vocabulary (its per-level cost is measured with it);
+        # another drafter.draft_vocab below changes that cost, not the tree's correctness
+        drafter = sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
+    else:
+        drafter = EagleDrafter(
+            head, total_tokens=_fixed("eagle", "total_tokens", total_tokens), depth=depth, top_k=top_k,
+            return_probs=return_probs,
+        )
+    if isinstance(drafter, EagleDrafter):  # total_tokens=auto may decide that no tree pays (NoDrafter)
+        try:
+            drafter.use_draft_vocab(draft_vocab)
+        except ValueError as e:
+            raise DrafterConfigError(str(e)) from e
+    return drafter
 
 
 def _build_members(
