@@ -168,14 +168,20 @@ def build_drafter(cfg: Mapping[str, Any], target: TargetModel, loaded: LoadedMod
 def build_pld(
     target: TargetModel,
     loaded: LoadedModel,
-    num_tokens: int | str = "auto",
+    num_tokens: int | str = 10,
     max_ngram: int = 3,
     min_ngram: int = 1,
     max_tokens: int = 10,
 ) -> Drafter:
-    """Prompt lookup (model-free chain). ``num_tokens="auto"`` (the default) sizes the chain
-    to the hardware, ``1..max_tokens`` or no speculation at all (:func:`_sized_pld`); an
-    integer fixes it."""
+    """Prompt lookup (model-free chain) of ``num_tokens`` (default 10, the paper's setting).
+    ``num_tokens="auto"`` sizes the chain to the hardware, ``1..max_tokens`` or no speculation
+    at all (:func:`_sized_pld`).
+
+    Why pld stays fixed by default while the tree drafters are sized: pld is the search's
+    default drafter, and a search measures skip sets under one fixed decoding protocol. A
+    hardware-chosen chain would differ between the hosts of one shared study, and on a CPU in
+    float32 it chooses no speculation at all, which leaves every set with accepted length 1.
+    Serve with ``drafter.num_tokens=auto``."""
     from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 
     if num_tokens == AUTO:
