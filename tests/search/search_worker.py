@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             },
             f,
         )
+    # Done: a Ctrl-C from here to the process's end (interpreter shutdown, outside the handler
+    # below) would end it by the signal (exit -2); the CLI does the same (cli/common.py).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return 0
 
 

@@ -5,6 +5,7 @@ line and exit status 2. Building model, drafter, domain and evaluator is
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,9 @@ def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
     def main() -> None:
         try:
             _app()
+            # Everything is written: a Ctrl-C from here to the process's end (interpreter
+            # shutdown, outside any handler) would otherwise end it by the signal (exit -2).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         except KeyboardInterrupt:  # during composition or model loading
             _exit_interrupted()
 
