@@ -2,7 +2,7 @@
 
 Runs the search command's own function once per arm and domain, each arm in its own SQLite
 file (so no arm resumes another's study), and prints per domain, side by side: the search's
-wall time (baseline, trials and validation; the model load excluded), generated tokens,
+wall time (model load, baseline, trials and validation), generated tokens,
 prompt evaluations, trials, trials stopped early, S*, the validated choice and the mapping
 entry written, with each figure's ratio to the engine arm. Arms:
 
@@ -12,10 +12,11 @@ entry written, with each figure's ratio to the engine arm. Arms:
 - ``grouped``: the replay of several queued trials in one batched generation, one skip set
   per batch row (``evaluator=replay``, the default ``search.group_size``);
 
-each with the defaults (futility stopping on) and with ``search.futility_stopping=false``.
+each with the defaults (futility stopping on) and, as ``<arm> no-futility``, with
+``search.futility_stopping=false``.
 
     python benchmarks/search_cost.py                                   # summarization + qa, six arms
-    python benchmarks/search_cost.py --domains qa --arms replay,grouped  # a subset
+    python benchmarks/search_cost.py --domains qa --arms "replay,grouped no-futility"  # a subset
 
 Arms run in the order given, one domain after the other, on one thread by default (the
 figures of a shared machine are noisy: compare ratios, not absolute seconds).
@@ -35,11 +36,11 @@ sys.path.insert(0, str(REPO))
 NO_FUTILITY = ["search.futility_stopping=false"]
 ARMS: dict[str, list[str]] = {
     "engine": ["evaluator=engine"],
-    "engine, no futility": ["evaluator=engine", *NO_FUTILITY],
+    "engine no-futility": ["evaluator=engine", *NO_FUTILITY],
     "replay": ["evaluator=replay", "search.group_size=1"],
-    "replay, no futility": ["evaluator=replay", "search.group_size=1", *NO_FUTILITY],
+    "replay no-futility": ["evaluator=replay", "search.group_size=1", *NO_FUTILITY],
     "grouped": ["evaluator=replay"],
-    "grouped, no futility": ["evaluator=replay", *NO_FUTILITY],
+    "grouped no-futility": ["evaluator=replay", *NO_FUTILITY],
 }
 SHORT = {"engine": "engine", "replay": "replay", "grouped": "grouped"}
 
@@ -84,7 +85,7 @@ def run_arm(domain: str, arm: str, workdir: Path, extra: list[str]) -> dict[str,
     from tss_opt.assembly import compose_config, study_identity
     from tss_opt.cli.search import search
 
-    tag = arm.replace(", ", "-").replace(" ", "_")
+    tag = arm.replace(" ", "_")
     storage = f"sqlite:///{workdir / f'{domain}-{tag}.db'}"
     mapping = workdir / f"{domain}-{tag}-mapping.yaml"
     cfg = compose_config([f"+domain={domain}", f"storage={storage}", f"mapping_path={mapping}", *ARMS[arm], *extra])
