@@ -14,7 +14,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ __all__ = [
     "check_settings",
     "deferred_sigint",
     "frozen",
+    "left_padded",
     "write_atomically",
 ]
 
@@ -220,3 +221,18 @@ def frozen(module: Any) -> Iterator[None]:
     finally:
         for p, flag in zip(params, before):
             p.requires_grad_(flag)
+
+
+def left_padded(prompts: Sequence[Any], pad: int) -> tuple[Any, Any]:
+    """Prompts of shape ``(P_b,)`` as one left-padded batch for ``generate``: ``ids`` and
+    ``attention_mask``, both ``(B, max P_b)`` long (left padding puts every prompt's end last)."""
+    import torch  # here: this module is imported by commands that never build a batch
+
+    width = max(int(p.numel()) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        n = int(p.numel())
+        ids[r, width - n :] = p
+        mask[r, width - n :] = 1
+    return ids, mask

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tss_opt.evaluation.domains import Domain, Example, format_prompt, read_examples
-from tss_opt.training.common import TrainingDataError
+from tss_opt.training.common import TrainingDataError, left_padded
 from tss_opt.training.features import FeatureSet, extract_features, greedy_features
 
 if TYPE_CHECKING:
@@ -220,13 +220,7 @@ def greedy_continuations(
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     bar = _bar(len(prompts), "generating continuations", progress)
     for batch in batches:
-        width = max(int(prompts[i].numel()) for i in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, i in enumerate(batch):
-            n = int(prompts[i].numel())
-            ids[r, width - n :] = prompts[i]
-            mask[r, width - n :] = 1
+        ids, mask = left_padded([prompts[i] for i in batch], pad)
         gen = model.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
@@ -235,7 +229,7 @@ def greedy_continuations(
             num_beams=1,
             pad_token_id=pad,
             eos_token_id=eos or None,
-        )[:, width:].cpu()  # [b, <= max_new_tokens]
+        )[:, ids.shape[1] :].cpu()  # [b, <= max_new_tokens]
         for r, i in enumerate(batch):
             row = gen[r]
             stop = next((j for j, t in enumerate(row.tolist()) if t in eos), None)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tss_opt.evaluation.domains import Example, format_prompt
+from tss_opt.training.common import left_padded
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -139,20 +140,14 @@ def sampled_continuations(
         random.Random(f"{seed}/{rounds}").shuffle(order)
         for b in range(0, len(order), batch_size):
             batch = order[b : b + batch_size]
-            width = max(int(prompts[i].numel()) for i in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, i in enumerate(batch):
-                n = int(prompts[i].numel())
-                ids[r, width - n :] = prompts[i]
-                mask[r, width - n :] = 1
+            ids, mask = left_padded([prompts[i] for i in batch], pad)
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed((seed * 1_000_003 + rounds * 10_007 + b) % (2**31))
                 gen = model.generate(
                     input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=sample_tokens,
                     do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0, num_beams=1,
                     pad_token_id=pad, eos_token_id=eos or None,
-                )[:, width:].cpu()  # [b, <= sample_tokens]
+                )[:, ids.shape[1] :].cpu()  # [b, <= sample_tokens]
             for r, i in enumerate(batch):
                 row = gen[r]
                 stop = next((j for j, t in enumerate(row.tolist()) if t in eos), None)
