@@ -211,7 +211,9 @@ def main() -> None:
         base = args.sizing_dir
         t0 = time.perf_counter()
         table = load_or_measure_latency(target, base)
-        print(f"\n## {dtype}: latency table ({table.measured_at}, {time.perf_counter() - t0:.1f} s to read or measure): "
+        load = "load not recorded" if table.load is None else f"load {table.load} on {table.cpus} CPUs"
+        print(f"\n## {dtype}: latency table ({table.measured_at}, {load}{', BUSY' if table.busy else ''}, "
+              f"{time.perf_counter() - t0:.1f} s to read or measure): "
               + ", ".join(f"{n}: {s * 1e3:.0f} ms" for n, s in sorted(table.seconds.items())), flush=True)
         for dom_name in args.domains.split(","):
             domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{dom_name}.yaml"))

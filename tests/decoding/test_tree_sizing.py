@@ -102,6 +102,29 @@ def test_latency_is_measured_once_and_cached(target64: TargetModel, tmp_path: Pa
     assert data["measured_at"].startswith("20") and set(data["seconds"]) == {"0", "1", "4"}
     t2 = load_or_measure_latency(target64, tmp_path, sizes=(0, 1, 4))
     assert t2.seconds == t1.seconds and t2.measured_at == t1.measured_at  # read, not re-measured
+    assert data["cpus"] >= 1 and (data["load"] is None or data["load"] >= 0)  # the host's load, recorded
+    assert (t2.load, t2.cpus) == (t1.load, t1.cpus)
+
+
+def test_a_table_measured_on_a_busy_host_warns_once(
+    target64: TargetModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = load_or_measure_latency(target64, tmp_path, sizes=(0, 1))
+    assert not LatencyTable(t.seconds, t.key, t.measured_at, load=1.9, cpus=2).busy
+    busy = LatencyTable(t.seconds, t.key, t.measured_at, load=7.5, cpus=2)
+    assert busy.busy and not LatencyTable(t.seconds, t.key).busy  # unrecorded load: not called busy
+    # The same key's file in a folder this process has not read yet (this very host may be busy
+    # now, and the measurement above may have warned already for its own file).
+    path = tmp_path / "busy" / next(tmp_path.glob("latency-*.json")).name
+    path.parent.mkdir()
+    path.write_text(json.dumps(busy.to_dict()))
+    with caplog.at_level("WARNING", logger="tss_opt.decoding.tree_latency"):
+        again = load_or_measure_latency(target64, path.parent, sizes=(0, 1))
+        load_or_measure_latency(target64, path.parent, sizes=(0, 1))
+    assert again.busy and (again.load, again.cpus) == (7.5, 2)
+    warnings = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+    assert len(warnings) == 1  # once per file and process, not per drafter build
+    assert "busy machine" in warnings[0] and "load 7.5 on 2 CPUs" in warnings[0] and "delete the file" in warnings[0]
 
 
 def test_profile_measured_from_the_engine(target64: TargetModel) -> None:

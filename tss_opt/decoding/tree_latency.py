@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 import platform
 import re
@@ -25,6 +26,8 @@ from tss_opt.errors import TSSError
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
 DEFAULT_DIR = Path("storage/tree_sizing")
@@ -55,11 +58,16 @@ class LatencyTable:
         seconds: ``{n: seconds}``; ``n = 0`` is a plain decoding step (the root alone).
         key: what the measurement holds for: ``machine``, ``model``, ``dtype``, ``device``.
         measured_at: ISO date-time (UTC) of the measurement.
+        load: the host's 1-minute load average when the measurement started (``None``: not
+            recorded, e.g. a table written by hand or by an older version).
+        cpus: the host's CPU count then (what ``load`` is compared with).
     """
 
     seconds: Mapping[int, float]
     key: Mapping[str, str] = field(default_factory=dict)
     measured_at: str = ""
+    load: float | None = None
+    cpus: int | None = None
 
     def __post_init__(self) -> None:
         if 0 not in self.seconds:
@@ -91,10 +99,19 @@ class LatencyTable:
         slope = max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a))
         return float(self.seconds[b] + slope * (n - b))
 
+    @property
+    def busy(self) -> bool:
+        """Whether the host was busy when this was measured: more runnable work (1-minute load
+        average) than CPUs. Such a table describes contention, not the machine: on the 2-core
+        CPU of docs/engine.md, one node cost 1.8x a plain step at load 6-8 and 0.97x at 2.6."""
+        return self.load is not None and self.cpus is not None and self.load > self.cpus
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "key": dict(self.key),
             "measured_at": self.measured_at,
+            "load": self.load,
+            "cpus": self.cpus,
             "seconds": {str(n): s for n, s in sorted(self.seconds.items())},
         }
 
@@ -106,7 +123,11 @@ class LatencyTable:
             raise TreeSizingError(
                 f"latency table needs 'seconds': {{nodes: seconds}}; got {data!r:.200} ({e})"
             ) from e
-        return cls(seconds=secs, key=dict(data.get("key", {})), measured_at=str(data.get("measured_at", "")))
+        load, cpus = data.get("load"), data.get("cpus")
+        return cls(
+            seconds=secs, key=dict(data.get("key", {})), measured_at=str(data.get("measured_at", "")),
+            load=None if load is None else float(load), cpus=None if cpus is None else int(cpus),
+        )
 
 
 def _cpu_name() -> str:
@@ -138,6 +159,30 @@ def _key_file(key: Mapping[str, str], directory: Path) -> Path:
     return directory / f"latency-{slug}.json"
 
 
+def host_load() -> tuple[float | None, int | None]:
+    """(1-minute load average, CPU count) of this host; ``(None, count)`` where the platform
+    has no load average."""
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        load = None
+    return load, os.cpu_count()
+
+
+_WARNED: set[Path] = set()  # once per file and process: every drafter build reads the table
+
+
+def _warn_if_busy(table: LatencyTable, path: Path) -> None:
+    if table.busy and path not in _WARNED:
+        _WARNED.add(path)
+        log.warning(
+            "the verification-latency table %s was measured at load %.1f on %d CPUs: it describes a busy "
+            "machine, and the trees sized from it may speculate less (or more) than this machine pays for; "
+            "delete the file and run again on a quiet machine to measure it anew",
+            path, table.load, table.cpus,
+        )
+
+
 @torch.inference_mode()
 def measure_latency(
     target: TargetModel,
@@ -155,6 +200,7 @@ def measure_latency(
     """
     from tss_opt.decoding.cache import crop_to
 
+    load, cpus = host_load()
     sizes = sorted({int(n) for n in sizes} | {0})
     vocab = int(target.model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
@@ -177,7 +223,7 @@ def measure_latency(
             crop_to(cache, prefix_len)
     seconds = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=now)
+    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=now, load=load, cpus=cpus)
 
 
 def load_or_measure_latency(
@@ -196,12 +242,16 @@ def load_or_measure_latency(
     path = _key_file(key, sizing_dir(directory))
     if path.is_file():
         try:
-            return LatencyTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            table = LatencyTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, TreeSizingError):
             pass  # a damaged cache is measured again and overwritten
+        else:
+            _warn_if_busy(table, path)
+            return table
     table = measure_latency(target, sizes, key=key)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table.to_dict(), indent=1) + "\n", encoding="utf-8")
+    _warn_if_busy(table, path)
     return table
 
 
