@@ -179,3 +179,63 @@ FIXED = [
 @pytest.mark.parametrize("cfg", FIXED, ids=lambda c: "-".join(str(v) for v in c.values())[:40])
 def test_fixed_sizes_stay_lossless(target64: TargetModel, tiny64: LoadedModel, cfg: dict[str, Any]) -> None:
     _lossless(target64, build_drafter(_shipped(cfg), target64, tiny64))
+
+
+# ------------------------------------------------------------ model-drafted chains (on request)
+def test_model_chain_length_is_the_argmax_by_hand(target64: TargetModel, tmp_path: Path) -> None:
+    """A chain of k costs k draft forwards plus the verification of k nodes. p = 0.6 then 0.8;
+    0.1 s per drafted token; latency 0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 2.0 (5+ extrapolated):
+    rates k=1 1.6/1.2 = 1.333, k=2 2.08/1.4 = 1.486, k=3 2.464/1.6 = 1.540, k=4 2.771/2.4 = 1.155."""
+    from tss_opt.decoding.tree_sizing import load_or_measure_draft_cost, sized_model_chain
+
+    _seed(target64, tmp_path, {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 2.0})
+    save_profile(AcceptanceProfile(rank_accept=((0.6,), (0.8,))), "self", tmp_path)
+    assert load_or_measure_draft_cost(target64, "hand", lambda: 0.1, tmp_path) == 0.1
+
+    def never(k: int) -> Any:
+        raise AssertionError("the cost per drafted token is cached: no drafter should be built to measure it")
+
+    choice = sized_model_chain(target64, "self", never, cost_name="hand", max_tokens=8, directory=tmp_path)
+    assert choice.nodes == 3 and choice.template.parents == (-1, 0, 1)
+    assert choice.step_s == pytest.approx(0.3 + 1.3) and choice.expected_tokens == pytest.approx(2.464)
+    rates = {n: r for n, d, r in choice.candidates if n == d}  # chains: depth cap = size
+    assert rates[2] == pytest.approx(2.08 / 1.4) and rates[4] == pytest.approx(2.7712 / 2.4)
+    # A draft model that costs as much as a verification step: no chain pays.
+    load_or_measure_draft_cost(target64, "dear", lambda: 1.0, tmp_path)
+    assert sized_model_chain(target64, "self", never, cost_name="dear", max_tokens=8, directory=tmp_path).nodes == 0
+
+
+MODEL_CHAINS = [
+    {"name": "self", "skip": [1, 2], "num_tokens": "auto"},
+    {"name": "draft_model", "num_tokens": "auto"},
+]
+
+
+@pytest.mark.parametrize("latency", [CPU_LIKE, FLAT], ids=["cpu_like", "flat"])
+@pytest.mark.parametrize("cfg", MODEL_CHAINS, ids=[c["name"] for c in MODEL_CHAINS])
+def test_model_chain_auto_is_sized_and_lossless(target64: TargetModel, tiny64: LoadedModel, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, cfg: dict[str, Any],
+                                                latency: dict[int, float]) -> None:
+    from tss_opt.decoding.drafter import NoDrafter
+    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _seed(target64, tmp_path, latency)  # no profile for these: the model-chain prior
+    drafter = build_drafter(_shipped(cfg), target64, tiny64)
+    if latency is CPU_LIKE:
+        assert isinstance(drafter, NoDrafter) and drafter.choice.nodes == 0
+    else:  # verification is flat and the tiny draft forward costs ~1e-3 of a 1 s step: the longest chain
+        assert isinstance(drafter, DraftModelDrafter) and drafter.num_tokens == 8 == drafter.choice.nodes
+    assert len(list(tmp_path.glob(f"draft-{cfg['name']}_*_token-*.json"))) == 1  # measured once, cached
+    again = build_drafter(_shipped(cfg), target64, tiny64)
+    assert again.choice.template == drafter.choice.template
+    _lossless(target64, drafter)
+    assert build_drafter(_shipped({**cfg, "num_tokens": 3}), target64, tiny64).num_tokens == 3  # fixed
+
+
+def test_self_auto_refuses_an_empty_skip_set_before_measuring(target64: TargetModel, tiny64: LoadedModel,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    with pytest.raises(DrafterConfigError, match=r"non-empty draft skip set \(drafter.skip\)"):
+        build_drafter(_shipped({"name": "self", "skip": [], "num_tokens": "auto"}), target64, tiny64)
+    assert not list(tmp_path.glob("*.json"))  # nothing measured

@@ -21,9 +21,11 @@ Three parts, one per stage:
    verifying 64 nodes costs about one token (a GPU).
 
 Settings (the defaults, conf/drafter/*.yaml): ``template: auto`` on ``token_recycle`` and
-``samd``'s fallback (:func:`auto_template`), ``num_tokens: auto`` on ``pld`` (:func:`sized_chain`),
-``total_tokens: auto`` on ``eagle`` (:func:`sized_eagle`); TAPS members follow their own
-defaults. A fixed size stays available (an integer, or a template name). The cache folder is
+``samd``'s fallback (:func:`auto_template`), ``total_tokens: auto`` on ``eagle``
+(:func:`sized_eagle`); TAPS members follow their own defaults. On request (their defaults
+stay fixed): ``num_tokens: auto`` on ``pld`` (:func:`sized_chain`) and on the model-drafted
+chains ``draft_model``, ``self`` and ``t2d`` (:func:`sized_model_chain`, which charges each
+drafted token its measured draft forward). A fixed size stays available (an integer, or a template name). The cache folder is
 :func:`sizing_dir` (``storage/tree_sizing`` or ``$TSS_TREE_SIZING_DIR``); the choice is a pure
 function of the files there, so every build on a machine chooses the same tree.
 """
@@ -62,9 +64,9 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO", "DEFAULT_DIR", "DEFAULT_SIZES", "ENV_DIR", "PRIORS", "PRIOR_RANK_ACCEPT", "AcceptanceCounter",
     "AcceptanceProfile", "LatencyTable", "ProfilingDrafter", "TreeChoice", "TreeSizingError", "auto_template",
-    "best_tree", "choose_tree", "eagle_level_seconds", "hardware_key", "load_or_measure_draft_cost",
+    "best_tree", "chain_token_seconds", "choose_tree", "eagle_level_seconds", "hardware_key", "load_or_measure_draft_cost",
     "load_or_measure_latency", "load_profile", "measure_acceptance", "measure_latency", "save_profile",
-    "sibling_ranks", "sized_chain", "sized_eagle", "sizing_dir",
+    "sibling_ranks", "sized_chain", "sized_eagle", "sized_model_chain", "sizing_dir",
 ]
 
 AUTO = "auto"
@@ -79,10 +81,18 @@ PRIOR_RANK_ACCEPT = (0.45, 0.12, 0.06, 0.04, 0.03, 0.02, 0.02, 0.01)
 # matched so far tends to keep matching (HF prompt lookup on SmolLM2 summarization: 2.5
 # tokens per step with 10-token chains, FACTS.md). EAGLE's prior is Token Recycling's until a
 # trained head's profile is measured (measure_acceptance).
+# Model-drafted chains (draft_model, self, t2d): a draft model that shares the target's
+# tokenizer agrees with it on roughly 60-80% of next tokens (Leviathan et al. 2023: alpha 0.5-0.8
+# for T5/LaMDA pairs), and agreement rises a little along a chain that has matched so far. A
+# cautious prior: the measured profile (measure_acceptance) replaces it.
+PRIOR_MODEL_CHAIN = ((0.6,), (0.65,), (0.7,))
 PRIORS: dict[str, tuple[tuple[float, ...], ...]] = {
     "token_recycle": (PRIOR_RANK_ACCEPT,),
     "eagle": (PRIOR_RANK_ACCEPT,),
     "pld": ((0.5,), (0.6,), (0.7,), (0.75,), (0.8,)),
+    "draft_model": PRIOR_MODEL_CHAIN,
+    "self": PRIOR_MODEL_CHAIN,
+    "t2d": PRIOR_MODEL_CHAIN,
 }
 
 
@@ -422,3 +432,47 @@ def sized_chain(
     profile = load_profile(drafter, directory)
     chain = AcceptanceProfile(tuple(row[:1] for row in profile.rank_accept), profile.name)
     return choose_tree(table, chain, sizes=range(1, max_tokens + 1), max_depth=max_tokens)
+
+
+def chain_token_seconds(target: TargetModel, drafter: Drafter, *, new_tokens: int = 8) -> float:
+    """Seconds per drafted token of a model-drafted chain (one draft-model forward each): its
+    draft time over a short greedy run on a fixed random prompt, divided by the tokens it
+    proposed."""
+    from tss_opt.decoding.engine import SpeculativeEngine
+
+    vocab = int(target.model.config.vocab_size)
+    prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(0))
+    engine = SpeculativeEngine(target, drafter)
+    engine.generate(prompt, max_new_tokens=2)  # warm-up
+    stats = engine.generate(prompt, max_new_tokens=new_tokens).stats
+    return stats.draft_s / max(1, stats.draft_proposed)
+
+
+def sized_model_chain(
+    target: TargetModel,
+    drafter: str,
+    make: Callable[[int], Drafter],
+    *,
+    cost_name: str,
+    max_tokens: int = 8,
+    directory: str | Path | None = None,
+) -> TreeChoice:
+    """``num_tokens=auto`` for model-drafted chains (``draft_model``, ``self``, ``t2d``): the
+    chain length ``0..max_tokens`` maximising expected tokens per second, where a chain of
+    ``k`` costs ``k`` draft forwards plus the verification of ``k`` nodes.
+
+    Args:
+        drafter: the profile's name (``profile-<drafter>.json``, else :data:`PRIORS`).
+        make: builds the drafter with a given chain length (used once, to measure the cost
+            per drafted token, which is then cached as ``draft-<cost_name>-<key>.json``).
+        cost_name: names the draft model in the cache (one file per draft model or skip set).
+    """
+    table = load_or_measure_latency(target, directory)
+    profile = load_profile(drafter, directory)
+    chain = AcceptanceProfile(tuple(row[:1] for row in profile.rank_accept), profile.name)
+    token_s = load_or_measure_draft_cost(
+        target, cost_name, lambda: chain_token_seconds(target, make(max_tokens)), directory
+    )
+    return choose_tree(
+        table, chain, sizes=range(1, max_tokens + 1), max_depth=max_tokens, draft_s=lambda t: token_s * len(t)
+    )

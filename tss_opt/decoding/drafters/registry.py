@@ -244,14 +244,34 @@ def build_draft_model(
     target: TargetModel,
     loaded: LoadedModel,
     model: Mapping[str, Any] | None = None,
-    num_tokens: int = 5,
+    num_tokens: int | str = 5,
     temperature: float = 0.0,
     seed: int = 0,
     return_probs: bool = False,
+    max_tokens: int = 8,
 ) -> Drafter:
     """A separate small causal LM with the target's vocabulary; ``model`` is a model config.
+    ``num_tokens="auto"`` sizes the chain to the hardware (``1..max_tokens``, or plain
+    decoding when no length pays; :func:`_sized_model_chain`).
 
     Its ``device`` and ``dtype`` are the target's, whatever the config says."""
+    return _draft_model(target, loaded, model, num_tokens=num_tokens, temperature=temperature, seed=seed,
+                        return_probs=return_probs, max_tokens=max_tokens, drafter="draft_model")
+
+
+def _draft_model(
+    target: TargetModel,
+    loaded: LoadedModel,
+    model: Mapping[str, Any] | None,
+    *,
+    num_tokens: int | str,
+    temperature: float,
+    seed: int,
+    return_probs: bool,
+    max_tokens: int,
+    drafter: str,
+) -> Drafter:
+    """``draft_model`` and ``t2d`` (``drafter`` names the acceptance profile when sized)."""
     from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
     from tss_opt.models import load_model
 
@@ -259,12 +279,15 @@ def build_draft_model(
         raise DrafterConfigError(
             "drafter 'draft_model' needs drafter.model: a model config mapping (like conf/model/*.yaml)"
         )
+    if num_tokens == AUTO:
+        _need_target(drafter, "num_tokens", target)
     plain = _to_plain(model)
     # The draft model runs beside the target: on its device, in its dtype (issue 24: loaded
     # with its own defaults it ran on the CPU, or on cuda:0 for every launched worker).
     plain["device"] = str(target.device)
     plain["dtype"] = loaded.config.dtype
-    draft = _cached_weights(f"draft_model:{json.dumps(plain, sort_keys=True, default=str)}", lambda: load_model(plain))
+    key = json.dumps(plain, sort_keys=True, default=str)
+    draft = _cached_weights(f"draft_model:{key}", lambda: load_model(plain))
     d_vocab = int(draft.model.get_input_embeddings().weight.shape[0])
     t_vocab = int(target.model.get_input_embeddings().weight.shape[0])
     if d_vocab != t_vocab:
@@ -272,14 +295,39 @@ def build_draft_model(
             f"draft model {draft.config.name!r} has a vocabulary of {d_vocab} but the target has {t_vocab}; "
             "a draft model must share the target's tokenizer"
         )
-    return DraftModelDrafter(
-        draft.model,
-        num_tokens=num_tokens,
-        temperature=temperature,
-        layers_path=draft.config.layers_path,
-        seed=seed,
-        return_probs=return_probs,
-    )
+
+    def make(k: int) -> Drafter:
+        return DraftModelDrafter(
+            draft.model, num_tokens=k, temperature=temperature, layers_path=draft.config.layers_path, seed=seed,
+            return_probs=return_probs,
+        )
+
+    if num_tokens == AUTO:
+        return _sized_model_chain(target, drafter, make, cost_name=f"{drafter}_{_digest(key)}_token",
+                                  max_tokens=max_tokens)
+    return make(_fixed(drafter, "num_tokens", num_tokens))
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def _sized_model_chain(
+    target: TargetModel, drafter: str, make: Callable[[int], Drafter], *, cost_name: str, max_tokens: int
+) -> Drafter:
+    """The drafter with the chain length :func:`~tss_opt.decoding.tree_sizing.sized_model_chain`
+    chose, or plain decoding (:class:`~tss_opt.decoding.drafter.NoDrafter`) when no length
+    pays; ``drafter.choice`` says why."""
+    from tss_opt.decoding.drafter import NoDrafter
+    from tss_opt.decoding.tree_sizing import sized_model_chain
+
+    choice = sized_model_chain(target, drafter, make, cost_name=cost_name,
+                               max_tokens=_fixed(drafter, "max_tokens", max_tokens))
+    out = make(choice.nodes) if choice.nodes else NoDrafter()
+    out.choice = choice  # type: ignore[attr-defined]
+    return out
 
 
 @builds("tss_opt.decoding.drafters.draft_model.DraftModelDrafter")
@@ -287,11 +335,12 @@ def build_t2d(
     target: TargetModel,
     loaded: LoadedModel,
     path: str | None = None,
-    num_tokens: int = 5,
+    num_tokens: int | str = 5,
     temperature: float = 0.0,
     seed: int = 0,
     return_probs: bool = False,
     train: Mapping[str, Any] | None = None,
+    max_tokens: int = 8,
 ) -> Drafter:
     """T2D: the pruned, distilled copy of the target that ``train_drafter drafter=t2d`` saved
     in ``path``, drafting as ``draft_model`` does. ``train`` holds the training settings
@@ -318,10 +367,8 @@ def build_t2d(
         "attn_implementation": loaded.config.attn_implementation,
         "layers_path": loaded.config.layers_path,
     }
-    return build_draft_model(
-        target, loaded, model=model, num_tokens=num_tokens, temperature=temperature, seed=seed,
-        return_probs=return_probs,
-    )
+    return _draft_model(target, loaded, model, num_tokens=num_tokens, temperature=temperature, seed=seed,
+                        return_probs=return_probs, max_tokens=max_tokens, drafter="t2d")
 
 
 @builds("tss_opt.decoding.drafters.draft_model.SelfDrafter")
@@ -329,23 +376,36 @@ def build_self(
     target: TargetModel,
     loaded: LoadedModel,
     skip: Iterable[int] = (),
-    num_tokens: int = 5,
+    num_tokens: int | str = 5,
     temperature: float = 0.0,
     seed: int = 0,
     return_probs: bool = False,
+    max_tokens: int = 8,
 ) -> Drafter:
-    """Self-drafting: the target under a larger skip set (its own KV cache)."""
+    """Self-drafting: the target under a larger skip set (its own KV cache).
+    ``num_tokens="auto"`` sizes the chain as for ``draft_model`` (profile ``self``)."""
     from tss_opt.decoding.drafters.draft_model import SelfDrafter
 
-    return SelfDrafter(
-        target.model,
-        skip=list(skip),
-        num_tokens=num_tokens,
-        temperature=temperature,
-        layers_path=loaded.config.layers_path,
-        seed=seed,
-        return_probs=return_probs,
-    )
+    skip = sorted(int(i) for i in skip)
+
+    def make(k: int) -> Drafter:
+        return SelfDrafter(
+            target.model,
+            skip=skip,
+            num_tokens=k,
+            temperature=temperature,
+            layers_path=loaded.config.layers_path,
+            seed=seed,
+            return_probs=return_probs,
+        )
+
+    if num_tokens == AUTO:
+        _need_target("self", "num_tokens", target)
+        if not skip:  # refused before anything is measured
+            raise DrafterConfigError("self-drafting needs a non-empty draft skip set (drafter.skip), e.g. [4, 5, 6, 7]")
+        return _sized_model_chain(target, "self", make, cost_name=f"self_{_digest(str(skip))}_token",
+                                  max_tokens=max_tokens)
+    return make(_fixed("self", "num_tokens", num_tokens))
 
 
 @builds("tss_opt.decoding.drafters.token_recycle.TokenRecycleDrafter")
