@@ -63,14 +63,16 @@ from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
 # (the shipped defaults), the others pin the classic fixed sizes.
 DRAFTERS: dict[str, tuple[str, dict[str, Any]]] = {
     "pld": ("prompt lookup, 10 tokens", {"name": "pld", "num_tokens": 10}),
-    "pld_auto": ("prompt lookup, auto", {"name": "pld"}),
+    # pld's shipped default is the fixed chain of 10 (the search's protocol): auto on request.
+    "pld_auto": ("prompt lookup, auto", {"name": "pld", "num_tokens": "auto"}),
     "token_recycle": ("Token Recycling, 15-node template", {"name": "token_recycle", "template": "builtin:token_recycle_15.json"}),
     "token_recycle_auto": ("Token Recycling, auto", {"name": "token_recycle"}),
     "samd": ("SAMD, 15-node fallback", {"name": "samd", "template": "builtin:token_recycle_15.json"}),
     "samd_auto": ("SAMD, auto fallback", {"name": "samd"}),
     "merged": ("TAPS merged (pld 10 + TR 15)", {"name": "merged", "members": [
         {"name": "pld", "num_tokens": 10}, {"name": "token_recycle", "template": "builtin:token_recycle_15.json"}]}),
-    "merged_auto": ("TAPS merged, auto members", {"name": "merged"}),
+    "merged_auto": ("TAPS merged, auto members", {"name": "merged", "members": [
+        {"name": "pld", "num_tokens": "auto"}, {"name": "token_recycle"}]}),
     "eagle": ("EAGLE (random head), 16 tokens depth 4", {"name": "eagle", "random_init": True, "total_tokens": 16, "depth": 4}),
     "eagle_auto": ("EAGLE (random head), auto", {"name": "eagle", "random_init": True}),
 }
