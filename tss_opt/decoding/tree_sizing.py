@@ -370,14 +370,20 @@ def eagle_level_seconds(target: TargetModel, drafter: Drafter, *, depth: int, ne
     """Seconds per drafted level of an EAGLE-style drafter (one head forward and one
     ``lm_head`` projection per level): its draft time per step over a short greedy run on a
     fixed random prompt, divided by ``depth``."""
+    stats = _short_run(target, drafter, new_tokens)
+    return stats.draft_s / max(1, stats.steps) / depth
+
+
+def _short_run(target: TargetModel, drafter: Drafter, new_tokens: int) -> Any:
+    """The :class:`~tss_opt.decoding.stats.DecodeStats` of a short greedy run with ``drafter``
+    on a fixed random 32-token prompt, after a 2-token warm-up (what draft costs are timed on)."""
     from tss_opt.decoding.engine import SpeculativeEngine
 
     vocab = int(target.model.config.vocab_size)
     prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(0))
     engine = SpeculativeEngine(target, drafter)
-    engine.generate(prompt, max_new_tokens=2)  # warm-up
-    stats = engine.generate(prompt, max_new_tokens=new_tokens).stats
-    return stats.draft_s / max(1, stats.steps) / depth
+    engine.generate(prompt, max_new_tokens=2)
+    return engine.generate(prompt, max_new_tokens=new_tokens).stats
 
 
 def sized_eagle(
@@ -438,13 +444,7 @@ def chain_token_seconds(target: TargetModel, drafter: Drafter, *, new_tokens: in
     """Seconds per drafted token of a model-drafted chain (one draft-model forward each): its
     draft time over a short greedy run on a fixed random prompt, divided by the tokens it
     proposed."""
-    from tss_opt.decoding.engine import SpeculativeEngine
-
-    vocab = int(target.model.config.vocab_size)
-    prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(0))
-    engine = SpeculativeEngine(target, drafter)
-    engine.generate(prompt, max_new_tokens=2)  # warm-up
-    stats = engine.generate(prompt, max_new_tokens=new_tokens).stats
+    stats = _short_run(target, drafter, new_tokens)
     return stats.draft_s / max(1, stats.draft_proposed)
 
 
