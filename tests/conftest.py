@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +21,13 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # the tiny test models go to a temporary folder of this session (and of its subprocesses),
 # never into the checkout's storage/tree_sizing.
 os.environ.setdefault("TSS_TREE_SIZING_DIR", tempfile.mkdtemp(prefix="tss_tree_sizing_"))
+# A suite started in the background (`bash .ci/run &` without job control, nohup) inherits
+# SIGINT *ignored*, and an ignored signal stays ignored across exec: every command and worker
+# the Ctrl-C tests start would then ignore their Ctrl-C and exit 0 (23 such failures seen on
+# 2026-12-01). Python's own Ctrl-C handling is restored here, so children start with the
+# default disposition, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
