@@ -25,8 +25,8 @@ Settings (the defaults, conf/drafter/*.yaml): ``template: auto`` on ``token_recy
 (:func:`sized_eagle`); TAPS members follow their own defaults. On request (their defaults
 stay fixed): ``num_tokens: auto`` on ``pld`` (:func:`sized_chain`) and on the model-drafted
 chains ``draft_model``, ``self`` and ``t2d`` (:func:`sized_model_chain`, which charges each
-drafted token its measured draft forward). A fixed size stays available (an integer, or a template name). The cache folder is
-:func:`sizing_dir` (``storage/tree_sizing`` or ``$TSS_TREE_SIZING_DIR``); the choice is a pure
+drafted token its measured draft forward). A fixed size stays available (an integer, or a
+template name). The cache folder is :func:`sizing_dir` (``storage/tree_sizing`` or ``$TSS_TREE_SIZING_DIR``); the choice is a pure
 function of the files there, so every build on a machine chooses the same tree.
 """
 
@@ -429,15 +429,18 @@ def sized_chain(
     *,
     max_tokens: int = 10,
     directory: str | Path | None = None,
+    token_s: float = 0.0,
 ) -> TreeChoice:
     """``num_tokens=auto`` for chain drafters (prompt lookup): the chain length ``0..max_tokens``
     maximising expected tokens per second when the drafter has a proposal (the profile's rank-0
     column by depth, the latency table interpolated at every length). ``0``: no chain pays on
-    this hardware, so the drafter should not speculate."""
+    this hardware, so the drafter should not speculate. ``token_s``: seconds to draft each
+    token (0 for prompt lookup; a draft-model forward for :func:`sized_model_chain`)."""
     table = load_or_measure_latency(target, directory)
     profile = load_profile(drafter, directory)
     chain = AcceptanceProfile(tuple(row[:1] for row in profile.rank_accept), profile.name)
-    return choose_tree(table, chain, sizes=range(1, max_tokens + 1), max_depth=max_tokens)
+    return choose_tree(table, chain, sizes=range(1, max_tokens + 1), max_depth=max_tokens,
+                       draft_s=lambda t: token_s * len(t))
 
 
 def chain_token_seconds(target: TargetModel, drafter: Drafter, *, new_tokens: int = 8) -> float:
@@ -467,12 +470,7 @@ def sized_model_chain(
             per drafted token, which is then cached as ``draft-<cost_name>-<key>.json``).
         cost_name: names the draft model in the cache (one file per draft model or skip set).
     """
-    table = load_or_measure_latency(target, directory)
-    profile = load_profile(drafter, directory)
-    chain = AcceptanceProfile(tuple(row[:1] for row in profile.rank_accept), profile.name)
     token_s = load_or_measure_draft_cost(
         target, cost_name, lambda: chain_token_seconds(target, make(max_tokens)), directory
     )
-    return choose_tree(
-        table, chain, sizes=range(1, max_tokens + 1), max_depth=max_tokens, draft_s=lambda t: token_s * len(t)
-    )
+    return sized_chain(target, drafter, max_tokens=max_tokens, directory=directory, token_s=token_s)
