@@ -61,8 +61,9 @@ def test_train_drafter_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
     assert meta["model"] == "tiny" and meta["domains"] == ["toy"] and meta["total_steps"] == 40
     assert [h["step"] for h in meta["history"]] == [0, 20, 40]
     assert meta["data"]["toy"]["calibration"] == 3
-    # drafter=eagle drafter.checkpoint=PATH uses it.
-    cfg = _compose(["+model=tiny", "drafter=eagle", f"drafter.checkpoint={ckpt}"])
+    # drafter=eagle drafter.checkpoint=PATH uses it (a fixed tree: with total_tokens=auto the
+    # drafter is sized from this host's measured latency and may be plain decoding when busy).
+    cfg = _compose(["+model=tiny", "drafter=eagle", f"drafter.checkpoint={ckpt}", "drafter.total_tokens=12"])
     assert isinstance(assemble(cfg).new_drafter(), EagleDrafter)
 
 
