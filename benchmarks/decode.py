@@ -151,7 +151,8 @@ def calibrate(rt: Any, directory: Path, prompts: list[torch.Tensor], new_tokens:
                                   max_depth=10 if name == "pld" else 8, name=f"{name} measured")
         save_profile(prof, name, directory)
         rows = "; ".join(f"d{d + 1}: " + " ".join(f"{p:.2f}" for p in row[:4]) for d, row in enumerate(prof.rank_accept[:4]))
-        lines.append(f"profile {name}: measured in {time.perf_counter() - t0:.0f} s on {len(prompts)} prompts ({rows} ...)")
+        lines.append(f"profile {name}: measured in {time.perf_counter() - t0:.0f} s on {len(prompts)} prompts "
+                     f"(proposes at {prof.proposal_rate:.0%} of steps; {rows} ...)")
     return lines
 
 
@@ -180,7 +181,8 @@ def main() -> None:
     ap.add_argument("--mapping", type=Path, default=REPO / "docs" / "results" / "mapping_cpu_preset.yaml")
     ap.add_argument("--no-skip", action="store_true", help="dense arms only")
     ap.add_argument("--calibrate", type=int, default=2, help="calibration prompts per domain for the profiles (0: priors)")
-    ap.add_argument("--calibrate-tokens", type=int, default=32)
+    ap.add_argument("--calibrate-tokens", type=int, default=None,
+                    help="new tokens per calibration prompt (default: --max-new-tokens, so the profile sees the same depth of each answer)")
     ap.add_argument("--sizing-dir", type=Path, default=REPO / "storage" / "tree_sizing")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eagle-checkpoint", default=None,
@@ -231,7 +233,7 @@ def main() -> None:
             notes = []
             if calib:
                 notes = calibrate(rt, ddir, [format_prompt(tok, ex, domain.config.system_prompt) for ex in calib],
-                                  args.calibrate_tokens)
+                                  args.calibrate_tokens or args.max_new_tokens)
             arms: list[Arm] = []
             for sk in [(), skip] if skip else [()]:
                 tag = f"@skip{list(sk)}" if sk else ""

@@ -13,8 +13,10 @@ import torch
 from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.decoding.tree_sizing import (
     ENV_DIR,
+    AcceptanceCounter,
     AcceptanceProfile,
     LatencyTable,
     TreeSizingError,
@@ -45,6 +47,60 @@ def test_hand_computed_argmax() -> None:
     # With 2 nodes at 1.3 s the chain wins instead: 1.96/1.3 = 1.508 > 1.333.
     chain = choose_tree({0: 1.0, 1: 1.2, 2: 1.3}, FLAT, max_depth=4)
     assert chain.nodes == 2 and chain.template.parents == (-1, 0)
+
+
+def test_proposal_rate_enters_the_rate_by_hand() -> None:
+    # A chain drafter (rank 0 only, p = 0.6) that proposes at a share m of the steps; a step
+    # without a proposal costs a plain step (1.0 s) and commits one token.
+    # m = 1:   1 node 1.6/1.2 = 1.333 > 2-chain 1.96/1.5 = 1.307 -> 1 node.
+    # m = 0.2: 1 node (1 + 0.2*0.6)/(0.2*1.2 + 0.8) = 1.12/1.04 = 1.0769;
+    #          2-chain (1 + 0.2*0.96)/(0.2*1.5 + 0.8) = 1.192/1.10 = 1.0836 -> the chain.
+    lat = {0: 1.0, 1: 1.2, 2: 1.5}
+    always = AcceptanceProfile(rank_accept=((0.6,),), name="chain")
+    rare = AcceptanceProfile(rank_accept=((0.6,),), name="chain", proposal_rate=0.2)
+    assert choose_tree(lat, always, max_depth=4).nodes == 1
+    choice = choose_tree(lat, rare, max_depth=4)
+    assert choice.nodes == 2 and choice.template.parents == (-1, 0)
+    assert choice.expected_tokens == pytest.approx(1.192)
+    assert choice.tokens_per_s == pytest.approx(1.192 / 1.10)
+    # Never proposing: every candidate is a plain step, and ties go to no speculation.
+    never = AcceptanceProfile(rank_accept=((0.6,),), proposal_rate=0.0)
+    assert choose_tree(lat, never, max_depth=4).nodes == 0
+    with pytest.raises(TreeSizingError, match="proposal_rate=1.5"):
+        AcceptanceProfile(rank_accept=((0.6,),), proposal_rate=1.5)
+    # Saved and read back with the rate; files written before it existed read as 1.0.
+    assert AcceptanceProfile.from_dict(rare.to_dict()) == rare
+    assert AcceptanceProfile.from_dict({"rank_accept": [[0.6]]}).proposal_rate == 1.0
+
+
+def test_counter_rates_shrink_sparse_cells_and_count_proposals() -> None:
+    counter = AcceptanceCounter(max_depth=3, max_rank=1)
+    vocab = 8
+
+    def logits_for(next_tokens: list[int]) -> torch.Tensor:  # rows [root, node_0, ...]
+        out = torch.zeros(len(next_tokens), vocab)
+        out[torch.arange(len(next_tokens)), torch.tensor(next_tokens)] = 1.0
+        return out
+
+    chain = DraftTree(tokens=torch.tensor([1, 2, 3]), parents=(-1, 0, 1))
+    # Step 1: whole chain accepted (target continues 1, 2, 3, then 4).
+    counter.observe(chain, logits_for([1, 2, 3, 4]), accepted=[0, 1, 2])
+    # Step 2: first node wrong (target wanted 5): only depth 1 is tried.
+    counter.observe(chain, logits_for([5, 2, 3, 4]), accepted=[])
+    # Steps 3-4: nothing proposed.
+    empty = DraftTree(tokens=torch.tensor([], dtype=torch.long), parents=())
+    counter.observe(empty, logits_for([0]), accepted=[])
+    counter.observe(empty, logits_for([0]), accepted=[])
+    prof = counter.profile(pseudo_trials=2.0)
+    assert prof.proposal_rate == pytest.approx(2 / 4)
+    # depth 1: 1 hit in 2 trials, shrunk towards 0 with 2 pseudo-trials: 1/4.
+    # depth 2: 1/1, shrunk towards 0.25: (1 + 2*0.25)/3 = 0.5; depth 3: (1 + 2*0.5)/3.
+    assert prof.p(1, 0) == pytest.approx(0.25)
+    assert prof.p(2, 0) == pytest.approx(0.5)
+    assert prof.p(3, 0) == pytest.approx(2 / 3)
+    # No pseudo-trials: the raw rates.
+    raw = counter.profile(pseudo_trials=0.0)
+    assert [raw.p(d, 0) for d in (1, 2, 3)] == [0.5, 1.0, 1.0]
 
 
 def test_no_speculation_wins_when_verification_costs_more_than_it_returns() -> None:

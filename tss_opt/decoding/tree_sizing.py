@@ -12,13 +12,16 @@ Three parts, one per stage:
 3. :func:`choose_tree`, a pure function: the tree (size, depth, branching; a plain chain; or
    no speculation at all) maximising expected tokens per second::
 
-       rate(T) = (1 + sum_{v in T} prod_{u on path(v)} p(depth(u), rank(u)))
-                 / (draft_s(|T|) + latency(|T|))
+       rate(T) = (1 + m * sum_{v in T} prod_{u on path(v)} p(depth(u), rank(u)))
+                 / (m * (draft_s(T) + latency(|T|)) + (1 - m) * latency(0))
 
    The ``1`` is the target's bonus/correction token, committed by every step; ``latency(0)``
    is a plain decoding step, so the empty tree is "no speculation" and wins when verifying
    any tree costs more than it returns (this 2-core CPU), while a wide tree wins where
-   verifying 64 nodes costs about one token (a GPU).
+   verifying 64 nodes costs about one token (a GPU). ``m`` is the profile's proposal rate:
+   the share of steps at which the drafter proposes anything (1 for tree drafters; prompt
+   lookup has nothing to propose when the context holds no match, and such a step costs a
+   plain step and commits one token).
 
 Settings (the defaults, conf/drafter/*.yaml): ``template: auto`` on ``token_recycle`` and
 ``samd``'s fallback (:func:`auto_template`), ``total_tokens: auto`` on ``eagle``
@@ -105,11 +108,17 @@ class AcceptanceProfile:
 
     rank_accept: tuple[tuple[float, ...], ...]
     name: str = "profile"
+    proposal_rate: float = 1.0
+    """Share of steps at which the drafter proposes a non-empty draft (``m`` in the rate)."""
 
     def __post_init__(self) -> None:
         if not self.rank_accept or not all(self.rank_accept):
             raise TreeSizingError(
                 f"acceptance profile {self.name}: {self.rank_accept!r}; give at least one depth with one rank"
+            )
+        if not 0.0 <= self.proposal_rate <= 1.0:
+            raise TreeSizingError(
+                f"acceptance profile {self.name}: proposal_rate={self.proposal_rate}; expected 0 <= rate <= 1"
             )
         for d, row in enumerate(self.rank_accept, start=1):
             for r, p in enumerate(row):
@@ -126,13 +135,19 @@ class AcceptanceProfile:
     def max_rank(self) -> int:
         return max(len(row) for row in self.rank_accept)
 
+    def truncated(self, max_rank: int) -> AcceptanceProfile:
+        """The same profile with at most ``max_rank`` candidates per node (1: a chain)."""
+        return AcceptanceProfile(tuple(row[:max_rank] for row in self.rank_accept), self.name, self.proposal_rate)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "rank_accept": [list(r) for r in self.rank_accept]}
+        return {"name": self.name, "proposal_rate": self.proposal_rate,
+                "rank_accept": [list(r) for r in self.rank_accept]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceProfile:
+        # Files written before the proposal rate existed hold drafters that always propose.
         return cls(rank_accept=tuple(tuple(float(p) for p in row) for row in data["rank_accept"]),
-                   name=str(data.get("name", "profile")))
+                   name=str(data.get("name", "profile")), proposal_rate=float(data.get("proposal_rate", 1.0)))
 
 
 def sibling_ranks(tree: DraftTree) -> list[int]:
@@ -148,16 +163,21 @@ def sibling_ranks(tree: DraftTree) -> list[int]:
 
 class AcceptanceCounter:
     """Counts, per (depth, rank), how often a node whose parent was accepted (or is the root)
-    is the target's greedy next token. Fed by :class:`ProfilingDrafter`."""
+    is the target's greedy next token, and how many steps had a draft at all. Fed by
+    :class:`ProfilingDrafter`."""
 
     def __init__(self, max_depth: int = 8, max_rank: int = 8) -> None:
         self.hits = torch.zeros(max_depth, max_rank, dtype=torch.long)
         self.trials = torch.zeros(max_depth, max_rank, dtype=torch.long)
+        self.steps = 0
+        self.proposals = 0
 
     def observe(self, tree: DraftTree, logits: torch.Tensor, accepted: Sequence[int]) -> None:
         """``logits``: ``(n + 1, vocab)`` rows ``[root, node_0, ...]``."""
+        self.steps += 1
         if not len(tree):
             return
+        self.proposals += 1
         target_next = logits.argmax(dim=-1).cpu()  # [n + 1]
         reached = {-1, *accepted}  # nodes whose children the target really continued from
         ranks = sibling_ranks(tree)
@@ -168,20 +188,24 @@ class AcceptanceCounter:
             self.trials[d - 1, r] += 1
             self.hits[d - 1, r] += int(int(tree.tokens[i]) == int(target_next[p + 1]))
 
-    def profile(self, name: str = "measured", min_trials: int = 5) -> AcceptanceProfile:
-        """Hit rates; a cell with fewer than ``min_trials`` takes the row above's value
-        (depth 1: 0), so rare deep cells do not swing the choice."""
+    def profile(self, name: str = "measured", pseudo_trials: float = 8.0) -> AcceptanceProfile:
+        """Hit rates shrunk towards the row above: ``(hits + k * above) / (trials + k)`` with
+        ``k = pseudo_trials`` (depth 1 shrinks towards 0). Why: deep cells are reached only
+        through accepted paths, so a few bursty prompts (a copied span that matches whole)
+        give them a handful of trials; a raw 5/5 = 1.00 there made a 10-token prompt-lookup
+        chain look like 3.4 tokens per step on calibration prompts where it gave 1.95 on the
+        next ones. A cell with many trials keeps its measured rate."""
         rows: list[tuple[float, ...]] = []
+        k = float(pseudo_trials)
         for d in range(self.hits.shape[0]):
             row = []
             for r in range(self.hits.shape[1]):
-                t = int(self.trials[d, r])
-                if t >= min_trials:
-                    row.append(float(self.hits[d, r]) / t)
-                else:
-                    row.append(rows[-1][r] if rows else 0.0)
+                above = rows[-1][r] if rows else 0.0
+                h, t = float(self.hits[d, r]), float(self.trials[d, r])
+                row.append((h + k * above) / (t + k) if t + k > 0 else above)
             rows.append(tuple(row))
-        return AcceptanceProfile(rank_accept=tuple(rows), name=name)
+        rate = self.proposals / self.steps if self.steps else 1.0
+        return AcceptanceProfile(rank_accept=tuple(rows), name=name, proposal_rate=rate)
 
 
 class ProfilingDrafter(Drafter):
@@ -312,18 +336,21 @@ def choose_tree(
             level: ``level_s * template.max_depth``) or a constant charged to every
             non-empty tree.
 
-    Ties go to the smaller tree.
+    Ties go to the smaller tree. A step without a proposal (share ``1 - m``,
+    ``profile.proposal_rate = m``) costs a plain step and commits one token.
     """
     table = latency if isinstance(latency, LatencyTable) else LatencyTable(seconds=dict(latency))
     cost = draft_s if callable(draft_s) else (lambda t, c=float(draft_s): c if len(t) else 0.0)
-    best = TreeChoice(TreeTemplate(parents=(), ranks=(), name="none"), 1.0, table.at(0))
+    plain = table.at(0)
+    m = profile.proposal_rate
+    best = TreeChoice(TreeTemplate(parents=(), ranks=(), name="none"), 1.0, plain)
     cands: list[tuple[int, int, float]] = [(0, 0, best.tokens_per_s)]
     for n in sorted(set(sizes if sizes is not None else table.sizes) - {0}):
         for d in range(1, max_depth + 1):
             tmpl, acc = best_tree(profile, n, d)
             if len(tmpl) < n:
                 continue  # profile cannot fill n nodes under this depth: a smaller size covers it
-            choice = TreeChoice(tmpl, 1.0 + acc, cost(tmpl) + table.at(n))
+            choice = TreeChoice(tmpl, 1.0 + m * acc, m * (cost(tmpl) + table.at(n)) + (1.0 - m) * plain)
             cands.append((n, d, choice.tokens_per_s))
             if choice.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
                 best = choice
@@ -361,7 +388,7 @@ def auto_template(
     table = load_or_measure_latency(target, directory)
     profile = load_profile(drafter, directory)
     if max_rank is not None:
-        profile = AcceptanceProfile(tuple(row[:max_rank] for row in profile.rank_accept), profile.name)
+        profile = profile.truncated(max_rank)
     sizes = [n for n in table.sizes if max_nodes is None or n <= max_nodes]
     return choose_tree(table, profile, sizes=sizes, max_depth=max_depth)
 
@@ -404,7 +431,7 @@ def sized_eagle(
 
     table = load_or_measure_latency(target, directory)
     profile = load_profile("eagle", directory)
-    profile = AcceptanceProfile(tuple(row[:top_k] for row in profile.rank_accept), profile.name)
+    profile = profile.truncated(top_k)
     # Cached per hardware key, so every build (engine, replay evaluator) chooses the same tree.
     level_s = load_or_measure_draft_cost(
         target, f"eagle_level_d{depth}_k{top_k}",
@@ -433,13 +460,13 @@ def sized_chain(
 ) -> TreeChoice:
     """``num_tokens=auto`` for chain drafters (prompt lookup): the chain length ``0..max_tokens``
     maximising expected tokens per second when the drafter has a proposal (the profile's rank-0
-    column by depth, the latency table interpolated at every length). ``0``: no chain pays on
+    column by depth and its proposal rate, the latency table interpolated at every length).
+    ``0``: no chain pays on
     this hardware, so the drafter should not speculate. ``token_s``: seconds to draft each
     token (0 for prompt lookup; a draft-model forward for :func:`sized_model_chain`)."""
     table = load_or_measure_latency(target, directory)
     profile = load_profile(drafter, directory)
-    chain = AcceptanceProfile(tuple(row[:1] for row in profile.rank_accept), profile.name)
-    return choose_tree(table, chain, sizes=range(1, max_tokens + 1), max_depth=max_tokens,
+    return choose_tree(table, profile.truncated(1), sizes=range(1, max_tokens + 1), max_depth=max_tokens,
                        draft_s=lambda t: token_s * len(t))
 
 
