@@ -117,6 +117,27 @@ def test_training_is_deterministic(target64: TargetModel, features: FeatureSet, 
     assert all(torch.equal(ha.state_dict()[k], hb.state_dict()[k]) for k in ha.state_dict())
 
 
+def test_probe_with_the_shipped_drafter_settings(
+    target64: TargetModel, features: FeatureSet, probes: list[torch.Tensor], tmp_path: Path
+) -> None:
+    # conf/drafter/eagle.yaml sizes the tree to the hardware (total_tokens: auto): the probe
+    # cannot draft "auto" and keeps its fixed default tree (a 38-minute CLI run once died
+    # here, after preparing its data, on "'<' not supported between 'str' and 'int'").
+    from omegaconf import OmegaConf
+
+    from tss_opt.config import config_dir
+    from tss_opt.training.eagle import probe_tree
+
+    shipped = OmegaConf.to_container(OmegaConf.load(config_dir() / "drafter" / "eagle.yaml"))
+    assert shipped["total_tokens"] == "auto"
+    assert probe_tree(shipped) == {"depth": shipped["depth"], "top_k": shipped["top_k"]}
+    assert probe_tree(TREE) == TREE
+    res = train_eagle(target64, features, settings(max_steps=2, probe_prompts=1), tmp_path / "h",
+                      probe_prompts=probes[:1], drafter_settings=shipped, eos_token_ids=[EOS])
+    assert res.probe_before is not None and res.probe_before >= 1.0
+    assert res.probe_after is not None and res.probe_after >= 1.0
+
+
 def test_distribution_target_and_all_positions(target64: TargetModel, features: FeatureSet, tmp_path: Path) -> None:
     res = train_eagle(target64, features, settings(max_steps=30, ce_target="distribution", ce_positions=None, probe_prompts=0), tmp_path / "d")
     assert res.final.loss < res.initial.loss and res.final.accuracy > res.initial.accuracy

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,6 +206,18 @@ def clone_head(head: EagleHead, dtype: torch.dtype | None = None) -> EagleHead:
     new.set_draft_vocab(head.draft_vocab)  # before loading: the state dict holds it
     new.load_state_dict(head.state_dict())
     return new.to(device=p.device, dtype=dtype or p.dtype).eval()
+
+
+def probe_tree(drafter_settings: Mapping[str, Any] | None) -> dict[str, int]:
+    """The probe's tree from the drafter's settings: its fixed ``total_tokens``, ``depth`` and
+    ``top_k``. A size left to the hardware (``total_tokens: auto``, the drafter's default) is
+    not a tree the probe can draft (sizing needs the head being trained, and a tree that
+    switches with the host's load would make probes incomparable), so the probe keeps
+    :func:`probe_accept_length`'s fixed default for it (EAGLE-2's 60 tokens)."""
+    return {
+        k: int(v) for k, v in (drafter_settings or {}).items()
+        if k in ("total_tokens", "depth", "top_k") and isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 @torch.inference_mode()
@@ -407,7 +419,7 @@ def train_eagle(
     run = _Run(
         target=target, head=head, settings=settings, checkpoint_dir=checkpoint_dir, done_before=done_before,
         probe_prompts=probe_prompts,
-        tree={k: v for k, v in (drafter_settings or {}).items() if k in ("total_tokens", "depth", "top_k")},
+        tree=probe_tree(drafter_settings),
         eos_token_ids=eos_token_ids, metadata=dict(metadata or {}), on_probe=on_probe,
     )
     device = target.device
