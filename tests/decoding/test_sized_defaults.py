@@ -18,6 +18,7 @@ from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree_sizing import (
+    CONTEXT_BUCKETS,
     ENV_DIR,
     AcceptanceProfile,
     LatencyTable,
@@ -36,11 +37,17 @@ def target64(tiny64: LoadedModel) -> TargetModel:
     return TargetModel(tiny64.model)
 
 
-def _seed(target: TargetModel, directory: Path, latency: dict[int, float]) -> None:
-    """This key's latency table := ``latency``; profiles for every sized drafter."""
-    t = load_or_measure_latency(target, directory, sizes=(0, 1))
-    path = next(directory.glob("latency-*.json"))
-    path.write_text(json.dumps(LatencyTable(latency, t.key, t.measured_at).to_dict()))
+def _seed(target: TargetModel, directory: Path, latency: dict[int, float],
+          long: dict[int, float] | None = None) -> None:
+    """This key's latency tables := ``latency`` (``long``, when given, for contexts beyond 64
+    tokens); profiles for every sized drafter."""
+    for ctx in CONTEXT_BUCKETS:
+        t = load_or_measure_latency(target, directory, sizes=(0, 1), prefix_len=ctx)
+        for path in directory.glob("latency-*.json"):
+            table = LatencyTable.from_dict(json.loads(path.read_text()))
+            if table.prefix_len == ctx:
+                secs = latency if ctx == 64 or long is None else long
+                path.write_text(json.dumps(LatencyTable(secs, t.key, t.measured_at, prefix_len=ctx).to_dict()))
     prof = AcceptanceProfile(rank_accept=((0.6, 0.3, 0.2, 0.1),))
     for name in ("token_recycle", "eagle"):
         save_profile(prof, name, directory)
@@ -103,6 +110,31 @@ def test_pld_auto_is_sized(target64: TargetModel, tiny64: LoadedModel, tmp_path:
     off = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
     assert off.num_tokens == 0 and len(off.propose(torch.tensor([1, 2, 1, 2, 1]))) == 0  # no speculation
     assert off.capabilities.replayable and off.capabilities.confidence  # still a TAPS member
+
+
+def test_pld_auto_sizes_the_chain_for_the_context(target64: TargetModel, tiny64: LoadedModel, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that is cheap after 64 tokens is dear after 1,000 (this CPU, float32: 2-5 % of
+    a plain step against 25 %): the chain is chosen per context bucket, stays lossless, and
+    proposals remain a function of the context alone."""
+    from tss_opt.decoding.tree_sizing import ContextSizedChain
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    # Short contexts: chain of 2 (the hand-computed case above). Long: every node costs a
+    # plain step, so nothing pays.
+    _seed(target64, tmp_path, {0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0, 10: 9.0}, long=CPU_LIKE)
+    d = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
+    assert isinstance(d.sizer, ContextSizedChain) and sorted(d.sizer.choices) == list(CONTEXT_BUCKETS)
+    assert [d.sizer(n) for n in (10, 64, 65, 256, 1000, 5000)] == [2, 2, 0, 0, 0, 0]
+    assert d.num_tokens == 2 and "context <= 1024: no speculation" in d.sizer.describe()
+    short = torch.tensor([5, 6, 7, 8, 5, 6])
+    assert d.propose(short).tokens.tolist() == [7, 8]  # 2 of the 4 tokens a match offers
+    long = torch.cat([torch.arange(100) % 50, short])  # 106 tokens: the 256 bucket
+    assert len(d.propose(long)) == 0
+    _lossless(target64, d)
+    # Each bucket's table is its own file, with the context it was measured on.
+    tables = {LatencyTable.from_dict(json.loads(p.read_text())).prefix_len for p in tmp_path.glob("latency-*.json")}
+    assert tables == set(CONTEXT_BUCKETS)
 
 
 @pytest.mark.parametrize("bad", [-1, 0, "ten", 2.5])

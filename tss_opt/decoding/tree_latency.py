@@ -61,6 +61,7 @@ class LatencyTable:
         load: the host's 1-minute load average when the measurement started (``None``: not
             recorded, e.g. a table written by hand or by an older version).
         cpus: the host's CPU count then (what ``load`` is compared with).
+        prefix_len: the cached context (tokens) the forwards ran on.
     """
 
     seconds: Mapping[int, float]
@@ -68,6 +69,7 @@ class LatencyTable:
     measured_at: str = ""
     load: float | None = None
     cpus: int | None = None
+    prefix_len: int = 64
 
     def __post_init__(self) -> None:
         if 0 not in self.seconds:
@@ -112,6 +114,7 @@ class LatencyTable:
             "measured_at": self.measured_at,
             "load": self.load,
             "cpus": self.cpus,
+            "prefix_len": self.prefix_len,
             "seconds": {str(n): s for n, s in sorted(self.seconds.items())},
         }
 
@@ -127,6 +130,7 @@ class LatencyTable:
         return cls(
             seconds=secs, key=dict(data.get("key", {})), measured_at=str(data.get("measured_at", "")),
             load=None if load is None else float(load), cpus=None if cpus is None else int(cpus),
+            prefix_len=int(data.get("prefix_len", 64)),
         )
 
 
@@ -154,9 +158,11 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
 
-def _key_file(key: Mapping[str, str], directory: Path) -> Path:
+def _key_file(key: Mapping[str, str], directory: Path, prefix_len: int = 64) -> Path:
     slug = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", key[k]) for k in ("model", "dtype", "device", "machine"))
-    return directory / f"latency-{slug}.json"
+    # The 64-token table keeps its original name (tables cached before contexts existed).
+    ctx = "" if prefix_len == 64 else f"-ctx{prefix_len}"
+    return directory / f"latency-{slug}{ctx}.json"
 
 
 def host_load() -> tuple[float | None, int | None]:
@@ -223,7 +229,8 @@ def measure_latency(
             crop_to(cache, prefix_len)
     seconds = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=now, load=load, cpus=cpus)
+    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=now, load=load, cpus=cpus,
+                        prefix_len=prefix_len)
 
 
 def load_or_measure_latency(
@@ -232,14 +239,17 @@ def load_or_measure_latency(
     *,
     sizes: Iterable[int] = DEFAULT_SIZES,
     model_name: str | None = None,
+    prefix_len: int = 64,
 ) -> LatencyTable:
     """The cached table for this (machine, model, dtype, device), measured and saved once
     (SmolLM2-135M, float32, one CPU thread: 10-20 s on this shared 2-core machine; a tiny test
     model: well under a second).
 
-    ``directory``: see :func:`sizing_dir`."""
+    ``directory``: see :func:`sizing_dir`. ``prefix_len``: the cached context the forwards
+    run on (one file per length: on this CPU one verified node costs 2-5 % of a plain step
+    after 64 tokens and about 25 % after 800, docs/engine.md)."""
     key = hardware_key(target, model_name)
-    path = _key_file(key, sizing_dir(directory))
+    path = _key_file(key, sizing_dir(directory), prefix_len)
     if path.is_file():
         try:
             table = LatencyTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
@@ -248,7 +258,7 @@ def load_or_measure_latency(
         else:
             _warn_if_busy(table, path)
             return table
-    table = measure_latency(target, sizes, key=key)
+    table = measure_latency(target, sizes, key=key, prefix_len=prefix_len)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table.to_dict(), indent=1) + "\n", encoding="utf-8")
     _warn_if_busy(table, path)

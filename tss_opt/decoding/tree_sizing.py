@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
 
 __all__ = [
-    "AUTO", "DEFAULT_DIR", "DEFAULT_SIZES", "ENV_DIR", "PRIORS", "PRIOR_RANK_ACCEPT", "AcceptanceCounter",
+    "AUTO", "CONTEXT_BUCKETS", "ContextSizedChain", "DEFAULT_DIR", "DEFAULT_SIZES", "ENV_DIR", "PRIORS", "PRIOR_RANK_ACCEPT", "AcceptanceCounter",
     "AcceptanceProfile", "LatencyTable", "ProfilingDrafter", "TreeChoice", "TreeSizingError", "auto_template",
     "best_tree", "chain_token_seconds", "choose_tree", "eagle_level_seconds", "hardware_key", "load_or_measure_draft_cost",
     "load_or_measure_latency", "load_profile", "measure_acceptance", "measure_latency", "save_profile",
@@ -457,17 +457,53 @@ def sized_chain(
     max_tokens: int = 10,
     directory: str | Path | None = None,
     token_s: float = 0.0,
+    prefix_len: int = 64,
 ) -> TreeChoice:
     """``num_tokens=auto`` for chain drafters (prompt lookup): the chain length ``0..max_tokens``
     maximising expected tokens per second when the drafter has a proposal (the profile's rank-0
     column by depth and its proposal rate, the latency table interpolated at every length).
     ``0``: no chain pays on
     this hardware, so the drafter should not speculate. ``token_s``: seconds to draft each
-    token (0 for prompt lookup; a draft-model forward for :func:`sized_model_chain`)."""
-    table = load_or_measure_latency(target, directory)
+    token (0 for prompt lookup; a draft-model forward for :func:`sized_model_chain`).
+    ``prefix_len``: the context the latency table is measured on (:class:`ContextSizedChain`)."""
+    table = load_or_measure_latency(target, directory, prefix_len=prefix_len)
     profile = load_profile(drafter, directory)
     return choose_tree(table, profile.truncated(1), sizes=range(1, max_tokens + 1), max_depth=max_tokens,
                        draft_s=lambda t: token_s * len(t))
+
+
+CONTEXT_BUCKETS = (64, 256, 1024)
+"""Contexts (tokens) a prompt-lookup chain is sized for; a request uses the smallest bucket
+that holds its context (the largest beyond it). Costs grow with the context: on this CPU
+(float32) one verified node costs 2-5 % of a plain step after 64 tokens and 25 % after 800."""
+
+
+class ContextSizedChain:
+    """``pld num_tokens=auto``: the chain length for the context a step drafts from.
+
+    One :func:`sized_chain` choice per :data:`CONTEXT_BUCKETS` entry the target can hold,
+    all made (and their latency tables measured and cached) when built, so decoding never
+    stops to measure and the chain length is a function of the context alone (prompt
+    lookup stays replayable). ``__call__(context_len)`` gives the length.
+    """
+
+    def __init__(self, target: TargetModel, drafter: str = "pld", *, max_tokens: int = 10,
+                 directory: str | Path | None = None) -> None:
+        room = int(target.max_context) - max(DEFAULT_SIZES) - 1  # a table's forwards must fit
+        buckets = [b for b in CONTEXT_BUCKETS if b <= room] or [min(CONTEXT_BUCKETS)]
+        self.choices: dict[int, TreeChoice] = {
+            b: sized_chain(target, drafter, max_tokens=max_tokens, directory=directory, prefix_len=b) for b in buckets
+        }
+
+    def bucket(self, context_len: int) -> int:
+        fits = [b for b in self.choices if b >= context_len]
+        return min(fits) if fits else max(self.choices)
+
+    def __call__(self, context_len: int) -> int:
+        return self.choices[self.bucket(context_len)].nodes
+
+    def describe(self) -> str:
+        return "; ".join(f"context <= {b}: {c.describe()}" for b, c in sorted(self.choices.items()))
 
 
 def chain_token_seconds(target: TargetModel, drafter: Drafter, *, new_tokens: int = 8) -> float:

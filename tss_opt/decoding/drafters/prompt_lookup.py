@@ -12,6 +12,7 @@ a 3-gram match.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,12 +32,17 @@ class PromptLookupDrafter(Drafter):
             ``num_tokens=auto`` chooses where no chain pays on the hardware).
         max_ngram: longest suffix searched for.
         min_ngram: shortest suffix searched for.
+        sizer: the chain length for a context of ``L`` tokens, overriding ``num_tokens``
+            (``num_tokens=auto``: :class:`~tss_opt.decoding.tree_sizing.ContextSizedChain`,
+            because a verified node costs more after a long context); a function of the
+            context alone, so proposals still depend on the context only.
     """
 
     # Confidence: a match-length heuristic (module docstring); proposals depend on the context only.
     capabilities = DrafterCapabilities(confidence=True, replayable=True)
 
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1,
+                 sizer: Callable[[int], int] | None = None) -> None:
         if num_tokens < 0 or not 1 <= min_ngram <= max_ngram:
             raise ValueError(
                 f"prompt lookup needs num_tokens >= 0 and 1 <= min_ngram <= max_ngram; got "
@@ -46,11 +52,14 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.choice: TreeChoice | None = None  # set when sized to the hardware (num_tokens=auto)
+        # num_tokens=auto: the chain length for a context of L tokens (ContextSizedChain).
+        self.sizer = sizer
 
     def propose(self, context: torch.Tensor) -> DraftTree:
-        if not self.num_tokens:
-            return DraftTree.empty()
         L = int(context.numel())
+        num_tokens = self.sizer(L) if self.sizer is not None else self.num_tokens
+        if not num_tokens:
+            return DraftTree.empty()
         for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
             suffix = context[L - n :]
             # windows: [L - n, n]; the last window is the suffix itself, so search before it.
@@ -59,7 +68,7 @@ class PromptLookupDrafter(Drafter):
             if hits.numel() == 0:
                 continue
             start = int(hits[-1]) + n  # most recent match: its continuation starts here
-            cont = context[start : min(start + self.num_tokens, L)]
+            cont = context[start : min(start + num_tokens, L)]
             if cont.numel() > 0:
                 conf = torch.full((int(cont.numel()),), n / (n + 1), dtype=torch.float32)
                 return DraftTree.chain(cont.clone(), confidence=conf)

@@ -212,15 +212,18 @@ def _fixed(drafter: str, setting: str, value: Any) -> int:
 
 
 def _sized_pld(target: TargetModel, *, max_ngram: int, min_ngram: int, max_tokens: int) -> Drafter:
-    """Prompt lookup with the chain length :func:`~tss_opt.decoding.tree_sizing.sized_chain`
-    chose; ``0`` (no length pays) keeps a prompt-lookup drafter that proposes nothing, so it
-    keeps its capabilities as a TAPS member. ``drafter.choice`` says why."""
+    """Prompt lookup with the chain length :class:`~tss_opt.decoding.tree_sizing.ContextSizedChain`
+    chooses for each step's context (a chain that pays after 64 tokens may not after 1,000);
+    ``0`` (no length pays) proposes nothing, and the drafter keeps its capabilities as a TAPS
+    member. ``drafter.choice`` is the choice for the shortest context,
+    ``drafter.sizer.describe()`` lists them all."""
     from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
-    from tss_opt.decoding.tree_sizing import sized_chain
+    from tss_opt.decoding.tree_sizing import ContextSizedChain
 
-    choice = sized_chain(target, "pld", max_tokens=_fixed("pld", "max_tokens", max_tokens))
-    drafter = PromptLookupDrafter(num_tokens=choice.nodes, max_ngram=max_ngram, min_ngram=min_ngram)
-    drafter.choice = choice
+    sizer = ContextSizedChain(target, "pld", max_tokens=_fixed("pld", "max_tokens", max_tokens))
+    first = min(sizer.choices)
+    drafter = PromptLookupDrafter(num_tokens=sizer(first), max_ngram=max_ngram, min_ngram=min_ngram, sizer=sizer)
+    drafter.choice = sizer.choices[first]
     return drafter
 
 
