@@ -156,6 +156,14 @@ def calibrate(rt: Any, directory: Path, prompts: list[torch.Tensor], new_tokens:
     return lines
 
 
+def choices(d: Any) -> list[str]:
+    """What a sized drafter chose: pld's chain per context bucket, else its one tree."""
+    if getattr(d, "sizer", None) is not None:
+        return [d.sizer.describe()]
+    ch = getattr(d, "choice", None) or getattr(getattr(d, "fallback", None), "choice", None)
+    return [ch.describe()] if ch is not None else []
+
+
 def target_cell(a: Arm, best_needed: bool = False) -> str:
     if not a.ours or a.key.startswith("plain"):
         return "-"
@@ -252,12 +260,10 @@ def main() -> None:
                         cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / f"{over['name']}.yaml"), over)
                         d = build_drafter(cfg, target, rt.loaded)
                         arms.append(Arm(key + tag, f"ours: {label}", engine_run(target, d, eos, sk), sk, drafter=d))
-                        ch = getattr(d, "choice", None) or getattr(getattr(d, "fallback", None), "choice", None)
-                        if ch is not None and not sk:
-                            notes.append(f"{key}: {ch.describe()}")
-                        for lab, m in getattr(d, "members", []) or []:
-                            if getattr(m, "choice", None) is not None and not sk:
-                                notes.append(f"{key} member {lab}: {m.choice.describe()}")
+                        if not sk:
+                            notes += [f"{key}: {c}" for c in choices(d)]
+                            for lab, m in getattr(d, "members", []) or []:
+                                notes += [f"{key} member {lab}: {c}" for c in choices(m)]
             if sk := skip:
                 if not any(a.key == f"plain@skip{list(sk)}" for a in arms):
                     arms.append(Arm(f"plain@skip{list(sk)}", "ours: plain decoding", engine_run(target, None, eos, sk), sk))
