@@ -26,7 +26,8 @@ Three parts, one per stage:
 Settings (the defaults, conf/drafter/*.yaml): ``template: auto`` on ``token_recycle`` and
 ``samd``'s fallback (:func:`auto_template`), ``total_tokens: auto`` on ``eagle``
 (:func:`sized_eagle`); TAPS members follow their own defaults. On request (their defaults
-stay fixed): ``num_tokens: auto`` on ``pld`` (:func:`sized_chain`) and on the model-drafted
+stay fixed): ``num_tokens: auto`` on ``pld`` (:class:`ContextSizedChain`: :func:`sized_chain`
+per context length) and on the model-drafted
 chains ``draft_model``, ``self`` and ``t2d`` (:func:`sized_model_chain`, which charges each
 drafted token its measured draft forward). A fixed size stays available (an integer, or a
 template name). The cache folder is :func:`sizing_dir` (``storage/tree_sizing`` or ``$TSS_TREE_SIZING_DIR``); the choice is a pure
@@ -462,8 +463,8 @@ def sized_chain(
     """``num_tokens=auto`` for chain drafters (prompt lookup): the chain length ``0..max_tokens``
     maximising expected tokens per second when the drafter has a proposal (the profile's rank-0
     column by depth and its proposal rate, the latency table interpolated at every length).
-    ``0``: no chain pays on
-    this hardware, so the drafter should not speculate. ``token_s``: seconds to draft each
+    ``0``: no chain pays on this hardware, so the drafter should not speculate. ``token_s``:
+    seconds to draft each
     token (0 for prompt lookup; a draft-model forward for :func:`sized_model_chain`).
     ``prefix_len``: the context the latency table is measured on (:class:`ContextSizedChain`)."""
     table = load_or_measure_latency(target, directory, prefix_len=prefix_len)
