@@ -91,7 +91,7 @@ def test_empty_mapping_serves_dense_without_fitting_a_router(tmp_path, caplog):
 def test_serve_applies_the_domain_system_prompt_as_the_search_did(write_mapping, tmp_path, monkeypatch):
     """A mapped user domain's ``system_prompt`` (from its --config-dir YAML) is in the request
     ids, exactly as ``format_prompt`` built the search's prompts; other domains get none."""
-    from tss_opt.decoding import engine as engine_mod
+    from tss_opt.decoding import batch as batch_mod
     from tss_opt.evaluation.domains import Example, format_prompt
     from tss_opt.runtime import domain_system_prompts
 
@@ -102,13 +102,13 @@ def test_serve_applies_the_domain_system_prompt_as_the_search_did(write_mapping,
     assert prompts == {"mine": "Answer with one number.", "qa": None}
 
     seen = []
-    real = engine_mod.SpeculativeEngine.generate
+    real = batch_mod.BatchEngine.admit
 
     def spy(self, ids, *args, **kwargs):
         seen.append(ids.tolist())
         return real(self, ids, *args, **kwargs)
 
-    monkeypatch.setattr(engine_mod.SpeculativeEngine, "generate", spy)
+    monkeypatch.setattr(batch_mod.BatchEngine, "admit", spy)
     c = TSSController.from_config(make_cfg(f"mapping_path={write_mapping({'mine': [1], 'qa': [2]})}", "request_domain=mine"))
     c.system_prompts = {d: p for d, p in prompts.items() if p}
     c.generate("What is 6 times 7?", "mine")

@@ -226,7 +226,7 @@ def test_the_openai_client_sees_a_bad_request_error(client):
 def _hold_worker(state):
     """Block the generation worker inside its next request (it waits for the controller's
     lock); returns the lock to release."""
-    lock = state.controller._lock
+    lock = state.controller.lock
     lock.acquire()
     return lock
 

@@ -23,9 +23,12 @@ def test_the_command_loads_everything_at_start_and_serves_labelled_and_unlabeled
         started = log.read_text()
         # The router was fitted before the server listened, and cached next to the mapping.
         assert "router: fitting" in started and started.index("router: saved") < started.index("Uvicorn running")
+        # The server's default drafter is prompt lookup sized to this machine.
+        assert "serving with drafter pld (num_tokens=auto" in started
         assert (tmp_path / "router.tiny_llama_4l_seed0.json").is_file()
         health = httpx.get(url + "/health").json()
-        assert health == {"status": "ok", "model": "tiny", "domains": ["qa", "translation"], "router": True, "queue_depth": 0, "busy": False}
+        assert health == {"status": "ok", "model": "tiny", "domains": ["qa", "translation"], "router": True, "queue_depth": 0,
+                          "batch_size": 0, "max_batch": 16, "busy": False}
         cl = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         r = cl.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Who wrote Hamlet?"}], extra_body={"domain": "qa"})
         assert r.tss["skip_set"] == [1] and r.usage.completion_tokens <= 6

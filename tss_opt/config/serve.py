@@ -22,7 +22,14 @@ class ServeSettings:
             variable ``TSS_API_KEY`` (a key in argv shows in ``ps``). ``None``: no key.
         allow_open: Start on a non-loopback ``host`` without a key (warned once).
         metrics_auth: With a key, ``/metrics`` needs it too (``false``: open, like ``/health``).
-        max_queue: Requests that may wait for the model; one more answers 429.
+        max_queue: Requests that may wait for a place in the batch (the most waiting); one
+            more answers 429.
+        max_batch: Requests decoding at once in the continuous batch; waiting ones join as
+            rows leave.
+        batch_draft: How deep rows draft in a batched step: ``auto`` (chosen per step from
+            a batch latency table measured once on this machine: drafting shrinks as the
+            batch grows), ``solo`` (every row drafts what its drafter chooses alone), or an
+            integer cap (``0``: batched plain decoding, no drafting).
         max_tokens_cap: The largest ``max_tokens`` a request may ask for (400 beyond).
         max_body_bytes: Largest request body (413 beyond, refused before it is read).
         timeout_keep_alive: Seconds an idle connection is kept open (uvicorn).
@@ -36,6 +43,8 @@ class ServeSettings:
     allow_open: bool = False
     metrics_auth: bool = True
     max_queue: int = 16
+    max_batch: int = 16
+    batch_draft: str = "auto"
     max_tokens_cap: int = 1024
     max_body_bytes: int = 1_000_000
     timeout_keep_alive: int = 5

@@ -78,6 +78,7 @@ class _Request:
     n_out: int = 0
     done: bool = False
     last: int = -1  # the newest committed token, kept as an int (no tensor read per step)
+    started_at: float = 0.0  # perf_counter() when the request started
 
     @property
     def context(self) -> torch.Tensor:
@@ -197,60 +198,89 @@ class SpeculativeEngine:
         Args:
             prompt: ``torch.LongTensor`` of shape ``(P,)``.
         """
-        target, drafter = self.target, self.drafter
+        req = self.start(prompt, max_new_tokens, skip_set, temperature, seed)
+        target = self.target
+        if reused is not None:  # reused dense prefill (prefill.py): no prompt forward
+            cache, logits, hidden = reused.restore(prompt, scope)
+        else:
+            cache = target.new_cache()
+            ctr = target.skipper
+            with target.skip(skip_set if scope == "all" else ()):
+                before = ctr.executed_layers
+                logits, hidden = target.prefill(prompt, cache)
+                req.stats.prefill_layer_forwards = ctr.executed_layers - before
+        self.first_token(req, cache, logits, hidden)
+        return req
+
+    def start(
+        self, prompt: torch.Tensor, max_new_tokens: int, skip_set: frozenset[int], temperature: float, seed: int | None
+    ) -> _Request:
+        """A request's state before its prompt's forward: statistics, output buffer, the
+        drafter and the rule reset, the sampling streams (the batch engine runs the forward
+        itself, with other rows, then calls :meth:`first_token`).
+
+        Args:
+            prompt: ``torch.LongTensor`` of shape ``(P,)``.
+        """
         P = int(prompt.numel())
-        t_start = time.perf_counter()
         stats = DecodeStats(
             prompt_tokens=P,
-            num_layers=target.num_layers,
+            num_layers=self.target.num_layers,
             skipped_layers=len(skip_set),
             verification=self.verifier.describe(),
         )
         self.verifier.begin_request()
         seq = torch.empty(P + max_new_tokens, dtype=torch.long)
         seq[:P] = prompt
-        drafter.reset(prompt)
-        ctr = target.skipper
-        if reused is not None:  # reused dense prefill (prefill.py): no prompt forward
-            cache, logits, hidden = reused.restore(prompt, scope)
-        else:
-            cache = target.new_cache()
-            with target.skip(skip_set if scope == "all" else ()):
-                before = ctr.executed_layers
-                logits, hidden = target.prefill(prompt, cache)
-                stats.prefill_layer_forwards = ctr.executed_layers - before
+        self.drafter.reset(prompt)
         sampler = PositionalSampler(temperature, seed) if temperature > 0 else None
         # Speculative sampling of stochastic drafts: its own stream, derived from the seed, on
         # the model's device (torch.multinomial and torch.rand need the generator on the device
         # of the probabilities; on the CPU this is the same stream as before).
         generator = (
-            torch.Generator(device=target.device).manual_seed(sampler.seed) if sampler is not None else None
+            torch.Generator(device=self.target.device).manual_seed(sampler.seed) if sampler is not None else None
         )
-        first = sampler.draw(logits[-1], 0) if sampler is not None else int(logits[-1].argmax())
-        if drafter.needs_prefill_feedback:
-            drafter.prefill_feedback(prompt, logits, hidden)
-        stats.prefill_s = time.perf_counter() - t_start
-        seq[P] = first
         return _Request(
             prompt=prompt,
             seq=seq,
             max_new_tokens=max_new_tokens,
             stats=stats,
-            cache=cache,
+            cache=None,
             prefix_len=P,
             temperature=temperature,
             sampler=sampler,
             generator=generator,
-            n_out=1,
-            done=first in self.eos,
-            last=first,
+            n_out=0,
+            started_at=time.perf_counter(),
         )
 
-    def draft(self, req: _Request) -> DraftTree:
+    def first_token(self, req: _Request, cache: Any, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Commit the prompt forward's token and let the drafter see the prompt's states.
+
+        Args:
+            cache: the KV cache the prompt's forward filled.
+            logits: ``(>= 1, vocab)``; the last row is the prompt's last position.
+            hidden: ``(P, hidden)``: the prompt's final hidden states.
+        """
+        req.cache = cache
+        sampler = req.sampler
+        first = sampler.draw(logits[-1], 0) if sampler is not None else int(logits[-1].argmax())
+        if self.drafter.needs_prefill_feedback:
+            self.drafter.prefill_feedback(req.prompt, logits, hidden)
+        req.stats.prefill_s = time.perf_counter() - req.started_at
+        req.seq[req.prefix_len] = first
+        req.n_out = 1
+        req.done = first in self.eos
+        req.last = first
+
+    def draft(self, req: _Request, cap: int | None = None) -> DraftTree:
         """The drafter's proposal below the last committed token, within budget: no node
         deeper than the tokens left to generate or the context's positions allow (budget.py;
-        the draft slots are counted, so a request that fits the context stays inside it)."""
+        the draft slots are counted, so a request that fits the context stays inside it),
+        nor than ``cap`` (the batch's per-step depth, ``decoding/batch_budget.py``)."""
         limit = draft_depth_limit(req.prefix_len, req.max_new_tokens - req.n_out, self.target.max_context)
+        if cap is not None:
+            limit = min(limit, cap)
         # prune_depth is a no-op for a drafter that honours the limit itself.
         return prune_depth(self.drafter.propose_within(req.context, limit), limit)
 

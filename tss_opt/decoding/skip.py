@@ -14,6 +14,14 @@ a layer that some rows skip runs on the whole batch and the skipping rows keep t
 layer's KV cache grows consistently; the entries a skipping row writes at a mixed layer are
 never read into that row's output (its output at that layer is its input), so every row gets
 exactly what :meth:`SkipController.apply` with its own set gives.
+
+:meth:`SkipController.apply_ragged` serves many requests in one forward (the server's
+continuous batching, issue 31): the rows' tokens are flattened into one sequence
+(``[1, T, hidden]``, each row with a cache of its own) and a layer runs on the tokens of the
+rows that do not skip it only (gathered, run, scattered back), so a skipped layer saves that
+row's compute, as multi-LoRA servers gather the rows of each adapter. The rows running the
+current layer are published on the plan (:attr:`RaggedPlan.active`) for the attention and the
+per-row caches (``decoding/ragged.py``), and each row's executed layers are counted.
 """
 
 from __future__ import annotations
@@ -62,8 +70,9 @@ class SkipController:
                 "set model.layers_path in the model's config"
             ) from e
         self.num_layers = len(self.layers)
-        # Each entry: a skip set for every row, or per-row skip sets (apply_rows).
-        self._stack: list[frozenset[int] | _Rows] = []
+        # Each entry: a skip set for every row, per-row skip sets (apply_rows), or a ragged
+        # batch of rows with their own caches (apply_ragged).
+        self._stack: list[frozenset[int] | _Rows | RaggedPlan] = []
         self.executed_layers = 0  # layer-forwards actually run while a context is active
 
     @classmethod
@@ -83,6 +92,15 @@ class SkipController:
             return frozenset()
         top = self._stack[-1]
         return top if isinstance(top, frozenset) else frozenset.intersection(*top.rows)
+
+    @contextmanager
+    def apply_ragged(self, plan: RaggedPlan) -> Iterator[RaggedPlan]:
+        """Run the body with a ragged batch: row ``r``'s tokens bypass ``plan.rows[r]``
+        (module docstring). Every forward inside must carry ``plan.total`` tokens."""
+        if plan.num_layers != self.num_layers:
+            raise SkipError(f"the ragged plan is for {plan.num_layers} layers but the model has {self.num_layers}")
+        with self._pushed(plan):
+            yield plan
 
     @property
     def active_rows(self) -> tuple[frozenset[int], ...] | None:
@@ -118,7 +136,7 @@ class SkipController:
             yield rows
 
     @contextmanager
-    def _pushed(self, entry: frozenset[int] | _Rows) -> Iterator[None]:
+    def _pushed(self, entry: frozenset[int] | _Rows | RaggedPlan) -> Iterator[None]:
         if not self._stack:
             self._install()
         self._stack.append(entry)
@@ -147,6 +165,8 @@ class SkipController:
                     return hidden_states  # bypass: the block's input flows on unchanged
                 self.executed_layers += 1
                 return dense_forward(hidden_states, *args, **kwargs)
+            if isinstance(top, RaggedPlan):
+                return self._ragged_forward(top, idx, dense_forward, hidden_states, args, kwargs)
             n_skip = top.skipping[idx]
             if n_skip == len(top.rows):
                 return hidden_states  # every row bypasses: no forward, no cache write
@@ -159,6 +179,100 @@ class SkipController:
             return torch.where(top.mask(idx, hidden_states), hidden_states, out)
 
         return forward
+
+    def _ragged_forward(
+        self, plan: RaggedPlan, idx: int, dense_forward: Any, hidden: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> torch.Tensor:
+        """Layer ``idx`` on the tokens of the rows that run it; the others pass unchanged.
+
+        Args:
+            hidden: ``[1, T, hidden]``: every row's tokens, row after row.
+        """
+        running = plan.enter(idx)
+        if not running:
+            return hidden  # every row bypasses: no forward, no cache write
+        self.executed_layers += 1
+        index = plan.index(idx)
+        if index is None:  # every row runs it: no gather
+            return dense_forward(hidden, *args, **kwargs)
+        # Gather the running rows' tokens (and their positions), run, scatter back: the
+        # skipping rows cost nothing at this layer.
+        sub = hidden.index_select(1, index)
+        out = dense_forward(sub, *args, **plan.sliced(kwargs, idx))
+        return hidden.index_copy(1, index, out)
+
+
+class RaggedPlan:
+    """Per-row skip sets over a flattened batch of rows (:meth:`SkipController.apply_ragged`).
+
+    Args:
+        rows: one skip set per row (validated).
+        lengths: tokens of each row in the flattened sequence, row after row.
+        num_layers: the model's decoder layers.
+        device: where the token indices live.
+
+    Attributes:
+        active: the rows running the current layer, in order (set as each layer starts;
+            what the per-row caches and the attention read).
+        executed: per row, the decoder-layer forwards that ran on its tokens.
+    """
+
+    def __init__(
+        self, rows: Sequence[frozenset[int]], lengths: Sequence[int], num_layers: int, device: torch.device | str
+    ) -> None:
+        if len(rows) != len(lengths) or not rows:
+            raise SkipError(f"a ragged plan needs one skip set per row; got {len(rows)} sets for {len(lengths)} rows")
+        self.rows = tuple(rows)
+        self.lengths = tuple(int(n) for n in lengths)
+        self.num_layers = num_layers
+        self.total = sum(self.lengths)
+        self.device = device
+        self.active: tuple[int, ...] = ()
+        self.executed = [0] * len(self.rows)
+        starts = [0]
+        for n in self.lengths[:-1]:
+            starts.append(starts[-1] + n)
+        self.starts = tuple(starts)
+        # Layers with the same running rows share one index (and one slice of the positions).
+        self._running = [tuple(r for r, s in enumerate(self.rows) if i not in s) for i in range(num_layers)]
+        self._index: dict[tuple[int, ...], torch.Tensor] = {}
+        self._sliced: dict[tuple[int, ...], dict[str, Any]] = {}
+
+    def enter(self, idx: int) -> tuple[int, ...]:
+        """Layer ``idx`` starts: publish and count the rows that run it."""
+        running = self._running[idx]
+        self.active = running
+        for r in running:
+            self.executed[r] += 1
+        return running
+
+    def index(self, idx: int) -> torch.Tensor | None:
+        """The flattened positions of the rows running layer ``idx`` (``None``: all rows)."""
+        running = self._running[idx]
+        if len(running) == len(self.rows):
+            return None
+        index = self._index.get(running)
+        if index is None:
+            index = torch.cat([torch.arange(self.starts[r], self.starts[r] + self.lengths[r]) for r in running])
+            index = self._index[running] = index.to(self.device)
+        return index
+
+    def sliced(self, kwargs: dict[str, Any], idx: int) -> dict[str, Any]:
+        """The layer's keyword arguments with the per-token ones (rotary embeddings,
+        positions) cut to the running rows' tokens (computed once per distinct set of rows)."""
+        running = self._running[idx]
+        cached = self._sliced.get(running)
+        if cached is None:
+            index = self.index(idx)
+            cached = {}
+            pe = kwargs.get("position_embeddings")
+            if isinstance(pe, tuple):
+                cached["position_embeddings"] = tuple(t.index_select(1, index) for t in pe)
+            pos = kwargs.get("position_ids")
+            if isinstance(pos, torch.Tensor):
+                cached["position_ids"] = pos.index_select(1, index)
+            self._sliced[running] = cached
+        return {**kwargs, **cached}
 
 
 class _Rows:

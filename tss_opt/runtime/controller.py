@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.decoding.batch import BatchEngine, Row
+from tss_opt.decoding.batch_budget import DepthPolicy
 from tss_opt.decoding.drafter import Drafter
-from tss_opt.decoding.engine import SCOPES, SpeculativeEngine, StepHook
+from tss_opt.decoding.engine import SCOPES, StepHook
 from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.skip import validate_skip
 from tss_opt.decoding.stats import DecodeStats
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from tss_opt.assembly import Assembly
 
 __all__ = [
+    "Admission",
     "ControllerResult",
     "TSSController",
     "domain_system_prompts",
@@ -94,6 +97,23 @@ class ControllerResult:
     def similarity(self) -> float | None:
         """The router's best cosine similarity (``None`` when the router was not asked)."""
         return None if self.route is None else self.route.similarity
+
+
+@dataclass
+class Admission:
+    """A request admitted into a batch, with what the controller decided for it.
+
+    Attributes:
+        row: its row in the batch (tokens and statistics as it decodes).
+        domain, skip_set, routed, route, scope: as :class:`ControllerResult`.
+    """
+
+    row: Row
+    domain: str | None
+    skip_set: frozenset[int]
+    routed: bool
+    route: RouteDecision | None
+    scope: str
 
 
 class TSSController:
@@ -208,8 +228,9 @@ class TSSController:
                 )
         self.entry_rules = entry_rules
         self._reported: set[str] = set()
-        # The skip state lives on the model, so two requests must not decode at once.
-        self._lock = threading.Lock()
+        # One batch at a time on the model: the server's steps and a one-shot generate take
+        # turns (a controller rebuilt by with_mapping shares it: the model is the same).
+        self.lock = threading.Lock()
 
     # ----------------------------------------------------------------------------- lookup
     @property
@@ -270,12 +291,14 @@ class TSSController:
             mapping = load_mapping(mapping)
         missing = [d for d in mapping.domains if d not in self.system_prompts]
         prompts = {**self.system_prompts, **(domain_system_prompts(missing) if missing else {})}
-        return type(self)(
+        new = type(self)(
             self.target, self.tokenizer, mapping, self.drafter_factory, self.eos_token_ids, self.router,
             model_id=self.model_id, scope=self.scope, temperature=self.temperature,
             max_new_tokens=self.max_new_tokens, system_prompts=prompts, verification=self.verifier,
             entry_rules=self.entry_rules,
         )
+        new.lock = self.lock  # same model, same turns
+        return new
 
     # ----------------------------------------------------------------------------- serving
     def prompt_ids(
@@ -299,6 +322,76 @@ class TSSController:
             raise ValueError("the prompt is empty; give at least one token")
         return ids
 
+    def admit(
+        self,
+        batch: BatchEngine,
+        prompt: str | torch.Tensor | Sequence[int] | Sequence[Mapping[str, str]],
+        domain: str | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        system_prompt: str | None = None,
+        tag: object = None,
+    ) -> Admission:
+        """Resolve a request's domain, skip set, scope and rule and add it to ``batch``; it
+        joins at the batch's next step and keeps these for its whole life (a mapping reloaded
+        meanwhile applies to later requests only).
+
+        Args:
+            batch: the running batch (:meth:`new_batch`).
+            prompt: Text (formatted with the chat template), chat messages, or
+                ``torch.LongTensor`` ids of shape ``(P,)``.
+            domain: The request's domain label; ``None`` asks the router (if any).
+            max_new_tokens: Generation length (default: the controller's).
+            temperature: Overrides the controller's temperature.
+            seed: Seeds sampling (temperature > 0).
+            system_prompt: System message for text prompts; ``None``: the resolved domain's
+                (``system_prompts``), if any (chat messages that carry their own keep it).
+            tag: The caller's handle, kept on the row (``row.tag``).
+        """
+        # The router embeds prompts without a system message (as it was fitted); the domain's
+        # own system message is added once the domain is known.
+        ids = self.prompt_ids(prompt, system_prompt)
+        resolved, decision = self.resolve(ids, domain)
+        own = self.system_prompts.get(resolved) if resolved is not None else None
+        if (isinstance(prompt, str) or (is_chat(prompt) and not has_system(prompt))) and system_prompt is None and own:  # type: ignore[arg-type]
+            ids = self.prompt_ids(prompt, own)
+        skip = self.skip_set_for(resolved)
+        scope = self.scope_for(resolved)
+        row = batch.admit(
+            ids,
+            max_new_tokens=int(max_new_tokens or self.max_new_tokens),
+            drafter=self.drafter_factory(),
+            skip=skip,
+            scope=scope,
+            temperature=self.temperature if temperature is None else float(temperature),
+            seed=seed,
+            eos_token_ids=self.eos_token_ids,
+            verification=self.verifier_for(resolved),
+            tag=tag,
+        )
+        return Admission(row=row, domain=resolved, skip_set=skip, routed=decision is not None and decision.domain is not None,
+                         route=decision, scope=scope)
+
+    def result(self, admission: Admission) -> ControllerResult:
+        """The answer of an admitted request (finished, or stopped early by its caller)."""
+        res = admission.row.result()
+        return ControllerResult(
+            text=self.tokenizer.decode(res.tokens, skip_special_tokens=True),
+            tokens=res.tokens,
+            stats=res.stats,
+            domain=admission.domain,
+            skip_set=admission.skip_set,
+            routed=admission.routed,
+            route=admission.route,
+            scope=admission.scope,
+        )
+
+    def new_batch(self, depth: DepthPolicy | None = None) -> BatchEngine:
+        """An empty batch on this controller's target (the server keeps one for its life)."""
+        return BatchEngine(self.target, depth)
+
     def generate(
         self,
         prompt: str | torch.Tensor | Sequence[int],
@@ -310,54 +403,26 @@ class TSSController:
         system_prompt: str | None = None,
         on_step: StepHook | None = None,
     ) -> ControllerResult:
-        """Serve one request with its domain's skip set, kept for the whole request.
+        """Serve one request alone: :meth:`admit` into a batch of its own, then step it to the
+        end (the server's path, with one row).
 
         Args:
-            prompt: Text (formatted with the chat template) or ``torch.LongTensor`` ids of
-                shape ``(P,)``.
-            domain: The request's domain label; ``None`` asks the router (if any).
-            max_new_tokens: Generation length (default: the controller's).
-            temperature: Overrides the controller's temperature.
-            seed: Seeds sampling (temperature > 0).
-            system_prompt: System message for text prompts; ``None``: the resolved domain's
-                (``system_prompts``), if any (chat messages that carry their own system
-                message keep it).
-            on_step: Passed to :meth:`SpeculativeEngine.generate`: sees each step's committed
-                tokens, returns True to stop (streaming, cancellation).
+            prompt, domain, max_new_tokens, temperature, seed, system_prompt: as :meth:`admit`.
+            on_step: Sees the tokens committed by the prefill and by every step
+                (``torch.LongTensor`` of shape ``(k,)``); returning True stops the request
+                there (streaming, cancellation).
         """
-        # The router embeds prompts without a system message (as it was fitted); the domain's
-        # own system message is added once the domain is known.
-        ids = self.prompt_ids(prompt, system_prompt)
-        with self._lock:
-            resolved, decision = self.resolve(ids, domain)
-            own = self.system_prompts.get(resolved) if resolved is not None else None
-            if (isinstance(prompt, str) or (is_chat(prompt) and not has_system(prompt))) and system_prompt is None and own:  # type: ignore[arg-type]
-                ids = self.prompt_ids(prompt, own)
-            skip = self.skip_set_for(resolved)
-            scope = self.scope_for(resolved)
-            engine = SpeculativeEngine(
-                self.target, self.drafter_factory(), eos_token_ids=self.eos_token_ids,
-                verification=self.verifier_for(resolved),
+        with self.lock:  # one batch at a time on the model
+            batch = self.new_batch()
+            admission = self.admit(
+                batch, prompt, domain, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                system_prompt=system_prompt,
             )
-            res = engine.generate(
-                ids,
-                max_new_tokens=int(max_new_tokens or self.max_new_tokens),
-                skip=skip,
-                scope=scope,  # type: ignore[arg-type]
-                temperature=self.temperature if temperature is None else float(temperature),
-                seed=seed,
-                on_step=on_step,
-            )
-        return ControllerResult(
-            text=self.tokenizer.decode(res.tokens, skip_special_tokens=True),
-            tokens=res.tokens,
-            stats=res.stats,
-            domain=resolved,
-            skip_set=skip,
-            routed=decision is not None and decision.domain is not None,
-            route=decision,
-            scope=scope,
-        )
+            while batch.rows:
+                for done in batch.step():
+                    if on_step is not None and on_step(done.tokens):
+                        batch.drop(done.row)
+        return self.result(admission)
 
     # ----------------------------------------------------------------------------- config
     @classmethod

@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tss_opt.decoding.batch_budget import DepthPolicy
 from tss_opt.runtime.controller import TSSController, chat_ids
 from tss_opt.runtime.server.errors import APIError
 from tss_opt.runtime.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -60,14 +61,25 @@ class ServingState:
         settings: The server's settings.
         model_name: The id ``/v1/models`` lists; requests may also name ``controller.model_id``.
         mapping_path: The file to watch for a new mapping (``None``: no reload).
+        draft_depth: How deep rows draft in a batched step (``run.draft_depth_policy``;
+            ``None``: every row drafts as alone).
     """
 
-    def __init__(self, controller: TSSController, settings: ServerSettings, model_name: str, mapping_path: str | None = None) -> None:
+    def __init__(
+        self,
+        controller: TSSController,
+        settings: ServerSettings,
+        model_name: str,
+        mapping_path: str | None = None,
+        draft_depth: DepthPolicy | None = None,
+    ) -> None:
         self.settings = settings
         self.model_name = model_name
         self.created = int(time.time())
-        self.worker = GenerationWorker(self.current_controller, settings.max_queue)
-        self.metrics = ServerMetrics(lambda: self.worker.depth)
+        self.worker = GenerationWorker(self.current_controller, settings.max_queue, settings.max_batch, draft_depth)
+        self.metrics = ServerMetrics(
+            lambda: self.worker.depth, lambda: self.worker.batch_size, self.worker.rows_per_skip_set
+        )
         self.reloader = (
             MappingReloader(controller, mapping_path, lambda r: self.metrics.reloads.labels(result=r).inc())
             if mapping_path else None
@@ -222,6 +234,8 @@ def create_app(state: ServingState) -> FastAPI:
             "domains": c.domains,
             "router": c.router is not None,
             "queue_depth": state.worker.depth,
+            "batch_size": state.worker.batch_size,
+            "max_batch": settings.max_batch,
             "busy": state.worker.busy,
         }
 

@@ -5,16 +5,20 @@ tests, never share counters).
 - ``tss_request_errors_total{status}``: requests refused or failed, by HTTP status.
 - ``tss_generated_tokens_total{domain}``: tokens generated.
 - ``tss_accept_length{domain}``: each request's accepted length (histogram).
-- ``tss_queue_depth``: requests waiting for the model (not counting the one decoding).
+- ``tss_queue_depth``: requests waiting for a place in the batch (not counting the rows decoding).
+- ``tss_batch_size``: requests decoding now in the continuous batch.
+- ``tss_batch_rows{skip_set}``: of those, how many run on each skip set (``"3,14"``;
+  ``"dense"``: none); bounded by the mapping's entries.
 - ``tss_request_latency_seconds{endpoint}``: arrival to last token (histogram).
 - ``tss_mapping_reloads_total{result}``: mapping reloads (``ok`` / ``refused``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics", "domain_label"]
@@ -32,9 +36,16 @@ class ServerMetrics:
 
     Args:
         queue_depth: Returns the number of waiting requests when scraped.
+        batch_size: Returns the number of decoding rows when scraped.
+        rows_per_skip_set: Returns the decoding rows per skip set (``"3,14"``; ``""``: dense).
     """
 
-    def __init__(self, queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        queue_depth: Callable[[], int],
+        batch_size: Callable[[], int] = lambda: 0,
+        rows_per_skip_set: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("tss_requests", "Requests served", ["endpoint", "domain"], registry=r)
@@ -46,6 +57,9 @@ class ServerMetrics:
         )
         self.queue_depth = Gauge("tss_queue_depth", "Requests waiting for the model", registry=r)
         self.queue_depth.set_function(lambda: float(queue_depth()))
+        self.batch_size = Gauge("tss_batch_size", "Requests decoding now in the continuous batch", registry=r)
+        self.batch_size.set_function(lambda: float(batch_size()))
+        r.register(_RowsPerSkipSet(rows_per_skip_set))
         self.latency = Histogram(
             "tss_request_latency_seconds", "Seconds from arrival to the last token", ["endpoint"],
             buckets=LATENCY_BUCKETS, registry=r,
@@ -62,3 +76,17 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The Prometheus text format."""
         return generate_latest(self.registry)
+
+
+class _RowsPerSkipSet:
+    """``tss_batch_rows{skip_set}``, read from the scheduler when scraped (a custom collector:
+    the skip sets in the batch come and go with the rows)."""
+
+    def __init__(self, rows: Callable[[], Mapping[str, int]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("tss_batch_rows", "Requests decoding now, per skip set", labels=["skip_set"])
+        for skip, n in sorted(self._rows().items()):
+            g.add_metric([skip or "dense"], float(n))
+        yield g

@@ -4,13 +4,16 @@ then uvicorn until Ctrl-C."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tss_opt.errors import UsageError
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.batch_budget import DepthPolicy
 from tss_opt.runtime.server.app import ServingState, create_app
 from tss_opt.runtime.server.settings import ServerSettings
 
-__all__ = ["build_state", "check_bind", "run_server", "uvicorn_config"]
+__all__ = ["build_state", "check_bind", "draft_depth_policy", "run_server", "uvicorn_config", "with_serving_drafter"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ def build_state(cfg: Any) -> ServingState:
     settings = ServerSettings.from_config(cfg)
     check_bind(settings.host, settings.port)
     load_mapping(cfg.mapping_path)  # a missing or corrupt file fails before the model loads
+    cfg = with_serving_drafter(cfg)
     rt = assemble(cfg)
     controller = TSSController.from_config(cfg, runtime=rt, with_router=True)
     if controller.router is None:
@@ -38,7 +42,42 @@ def build_state(cfg: Any) -> ServingState:
         # runs (it is reloaded): fit the router now rather than on a request or a restart.
         controller.router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id))
     name = settings.served_model_name or str(cfg.model.name)
-    return ServingState(controller, settings, name, str(cfg.mapping_path))
+    depth = draft_depth_policy(settings, rt.target, rt.loaded.model_id)
+    return ServingState(controller, settings, name, str(cfg.mapping_path), depth)
+
+
+def with_serving_drafter(cfg: Any) -> Any:
+    """The server's default drafter, when the command names none: the model's default drafter
+    with its size chosen for this machine (``num_tokens: auto``: prompt lookup sized per
+    context length from measured latency tables, the fastest lossless setting measured here,
+    docs/serving.md). The search keeps the fixed size its protocol needs; ``drafter=...``
+    on the command line is used as given."""
+    from omegaconf import OmegaConf, open_dict
+
+    from tss_opt.assembly.settings import drafter_config
+
+    if cfg.get("drafter") is not None:
+        return cfg
+    drafter = drafter_config(cfg)
+    if "max_tokens" in drafter:  # a chain drafter that can be sized to the hardware (num_tokens: auto)
+        drafter["num_tokens"] = "auto"
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.drafter = OmegaConf.create(drafter)
+    log.info("serving with drafter %s (num_tokens=%s; drafter=... chooses another)", drafter.get("name"), drafter.get("num_tokens"))
+    return cfg
+
+
+def draft_depth_policy(settings: ServerSettings, target: Any, model_name: str | None = None) -> DepthPolicy | None:
+    """``batch_draft`` as the scheduler's depth policy: ``auto`` reads (or measures once, about
+    half a minute for SmolLM2 on a CPU) this machine's batch latency table; ``solo``: none."""
+    from tss_opt.decoding.batch_budget import DepthPolicy, load_or_measure_batch_latency
+
+    if settings.batch_draft == "solo":
+        return None
+    if settings.draft_cap is not None:
+        return DepthPolicy(fixed=settings.draft_cap)
+    return DepthPolicy(latency=load_or_measure_batch_latency(target, model_name=model_name))
 
 
 def uvicorn_config(state: ServingState, log_level: str = "info") -> Any:

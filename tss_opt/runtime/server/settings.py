@@ -48,6 +48,8 @@ class ServerSettings:
     allow_open: bool = ServeSettings.allow_open
     metrics_auth: bool = ServeSettings.metrics_auth
     max_queue: int = ServeSettings.max_queue
+    max_batch: int = ServeSettings.max_batch
+    batch_draft: str = ServeSettings.batch_draft
     max_tokens_cap: int = ServeSettings.max_tokens_cap
     max_body_bytes: int = ServeSettings.max_body_bytes
     timeout_keep_alive: int = ServeSettings.timeout_keep_alive
@@ -57,7 +59,7 @@ class ServerSettings:
         key = "set" if self.api_key else "none"
         return (
             f"ServerSettings(host={self.host!r}, port={self.port}, api_key=<{key}>, allow_open={self.allow_open}, "
-            f"max_queue={self.max_queue}, max_tokens_cap={self.max_tokens_cap}, max_body_bytes={self.max_body_bytes})"
+            f"max_queue={self.max_queue}, max_batch={self.max_batch}, batch_draft={self.batch_draft}, max_tokens_cap={self.max_tokens_cap}, max_body_bytes={self.max_body_bytes})"
         )
 
     __str__ = __repr__
@@ -84,7 +86,9 @@ class ServerSettings:
             api_key=setting or from_env,
             allow_open=bool(cfg.get("allow_open", False)),
             metrics_auth=bool(cfg.get("metrics_auth", True)),
-            max_queue=int(cfg.get("max_queue", 16)),
+            max_queue=int(cfg.get("max_queue", ServeSettings.max_queue)),
+            max_batch=int(cfg.get("max_batch", ServeSettings.max_batch)),
+            batch_draft=str(cfg.get("batch_draft", ServeSettings.batch_draft)),
             max_tokens_cap=int(cfg.get("max_tokens_cap", 1024)),
             max_body_bytes=int(cfg.get("max_body_bytes", 1_000_000)),
             timeout_keep_alive=int(cfg.get("timeout_keep_alive", 5)),
@@ -95,10 +99,15 @@ class ServerSettings:
 
     def check(self) -> None:
         """Refuse settings the server cannot start with (one line each, naming the fix)."""
-        for name, low in (("max_queue", 1), ("max_tokens_cap", 1), ("max_body_bytes", 1024), ("timeout_keep_alive", 1)):
+        for name, low in (("max_queue", 1), ("max_batch", 1), ("max_tokens_cap", 1), ("max_body_bytes", 1024), ("timeout_keep_alive", 1)):
             value = getattr(self, name)
             if value < low:
                 raise UsageError(f"{name}={value}; expected an integer >= {low}")
+        if self.draft_cap is None and self.batch_draft not in ("auto", "solo"):
+            raise UsageError(
+                f"batch_draft={self.batch_draft!r}; expected auto (measured per step), solo (rows draft as alone) "
+                "or an integer cap >= 0 (0: no drafting in a batch)"
+            )
         if not 0 <= self.port <= 65535:
             raise UsageError(f"port={self.port}; expected 0-65535 (0 picks a free port)")
         if not is_loopback(self.host) and not self.api_key and not self.allow_open:
@@ -106,6 +115,15 @@ class ServerSettings:
                 f"host={self.host} is reachable beyond this machine and no API key is set: set {API_KEY_ENV} "
                 f"(or api_key=...), or pass allow_open=true to serve without one"
             )
+
+    @property
+    def draft_cap(self) -> int | None:
+        """``batch_draft`` as a fixed depth cap (``None`` for ``auto`` and ``solo``)."""
+        try:
+            cap = int(self.batch_draft)
+        except ValueError:
+            return None
+        return cap if cap >= 0 else None
 
     def warn_if_open(self) -> None:
         """The one start-up warning of an open non-loopback server."""

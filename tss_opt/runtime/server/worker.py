@@ -1,13 +1,18 @@
-"""The generation worker: one thread owns the model and serves queued requests in arrival
-order.
+"""The scheduler: one thread owns the model and decodes every admitted request in one
+continuous batch.
 
-The skip state lives on the model, so requests decode one at a time; a single consumer of
-one FIFO queue gives arrival order and keeps outputs from mixing. The HTTP side never waits
-on the worker while holding anything: the worker hands each request's events (text deltas,
-the result, an error) to the request's asyncio queue through the event loop
-(``call_soon_threadsafe``), which never blocks, so a client that stops reading a stream
-cannot stall the worker. A request whose client went away is cancelled: skipped if still
-waiting, stopped after the current step if decoding (the engine's ``on_step`` hook).
+Requests wait in a bounded FIFO queue (``max_queue``; one more answers 429). Before every
+step the scheduler admits waiting requests in arrival order while the batch has room
+(``max_batch``) and takes out the rows whose clients went away; then one
+:meth:`~tss_opt.decoding.batch.BatchEngine.step` runs the new rows' prefills and a
+speculative step of every running row in one target forward, each row on its own domain's
+skip set. A row leaves as soon as it finishes, is cancelled or hits a stop string, and a
+request arriving meanwhile joins at the next step: nobody waits for a wave.
+
+The HTTP side never waits on the scheduler while holding anything: the scheduler hands each
+request's events (text deltas, the result, an error) to the request's asyncio queue through
+the event loop (``call_soon_threadsafe``), which never blocks, so a client that stops reading
+a stream cannot stall the batch.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from tss_opt.runtime.controller import ControllerResult, TSSController
+from tss_opt.decoding.batch import BatchEngine, Row
+from tss_opt.decoding.batch_budget import DepthPolicy
+from tss_opt.runtime.controller import Admission, ControllerResult, TSSController
 from tss_opt.runtime.server.errors import APIError
 from tss_opt.runtime.server.text import TextTracker
 
@@ -37,7 +45,7 @@ class QueueFull(Exception):
 
 @dataclass
 class Event:
-    """What the worker tells a request: ``kind`` is ``"delta"`` (``text``), ``"done"``
+    """What the scheduler tells a request: ``kind`` is ``"delta"`` (``text``), ``"done"``
     (``result``), ``"error"`` (``error``) or ``"cancelled"``."""
 
     kind: str
@@ -46,9 +54,9 @@ class Event:
     error: BaseException | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
-    """One request waiting for or using the model.
+    """One request waiting for or decoding in the batch.
 
     Attributes:
         prompt: What the controller generates from: token ids (``torch.LongTensor`` of shape
@@ -78,37 +86,61 @@ class Job:
         self.cancelled.set()
 
     def emit(self, event: Event) -> None:
-        """Hand an event to the request's coroutine (from the worker thread; never blocks)."""
+        """Hand an event to the request's coroutine (from the scheduler thread; never blocks)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop is closed: the server is stopping
             self.cancel()
 
 
+@dataclass(eq=False)
+class _Running:
+    """A job in the batch: its admission and the controller that admitted it (a mapping
+    reloaded meanwhile does not change a running row)."""
+
+    job: Job
+    admission: Admission
+    controller: TSSController
+
+
 class GenerationWorker:
-    """Serves :class:`Job` s one at a time on a thread of its own.
+    """Admits :class:`Job` s into one continuous batch and steps it on a thread of its own.
 
     Args:
-        controller: Returns the controller to serve the next job with (the mapping reloader's
-            ``check``; called on the worker thread before each job).
+        controller: Returns the controller to admit the next job with (the mapping reloader's
+            ``check``; called on the scheduler thread before each admission).
         max_queue: Jobs that may wait; :meth:`submit` raises :class:`QueueFull` beyond.
+        max_batch: Rows decoding at once; waiting jobs join as rows leave.
+        draft_depth: Chooses each step's draft depth from the batch (``None``: rows draft as
+            alone).
     """
 
-    def __init__(self, controller: Callable[[], TSSController], max_queue: int) -> None:
+    def __init__(
+        self,
+        controller: Callable[[], TSSController],
+        max_queue: int,
+        max_batch: int = 16,
+        draft_depth: DepthPolicy | None = None,
+    ) -> None:
         self._controller = controller
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self._thread = threading.Thread(target=self._run, name="tss-generation", daemon=True)
-        self.busy = False
-        self.current: Job | None = None
-        self.served = 0  # jobs the model started on
+        self._thread = threading.Thread(target=self._run, name="tss-scheduler", daemon=True)
+        self.max_batch = max_batch
+        self.draft_depth = draft_depth
+        self._batch: BatchEngine | None = None
+        self._running: dict[Row, _Running] = {}
+        self._stopping = False
+        self.served = 0  # jobs admitted into the batch (the model started on them)
+        self.steps = 0
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop: the decoding job ends after its current step, waiting jobs are cancelled."""
-        if self.current is not None:
-            self.current.cancel()
+        """Stop: decoding rows end after the current step, waiting jobs are cancelled."""
+        self._stopping = True
+        for r in list(self._running.values()):
+            r.job.cancel()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -123,10 +155,24 @@ class GenerationWorker:
             pass
         self._thread.join(timeout)
 
+    # ------------------------------------------------------------------------ observing
     @property
     def depth(self) -> int:
-        """Jobs waiting (not counting the one decoding)."""
+        """Jobs waiting (not counting the rows decoding)."""
         return self._queue.qsize()
+
+    @property
+    def batch_size(self) -> int:
+        """Rows decoding now."""
+        return len(self._running)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._running)
+
+    def rows_per_skip_set(self) -> dict[str, int]:
+        """Rows decoding now per skip set (``"3,14"``; ``""``: dense)."""
+        return dict(Counter(",".join(str(i) for i in sorted(r.admission.skip_set)) for r in list(self._running.values())))
 
     def submit(self, job: Job) -> None:
         try:
@@ -137,49 +183,90 @@ class GenerationWorker:
     # --------------------------------------------------------------------------- the thread
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            if job.cancelled.is_set():
-                job.emit(Event("cancelled"))
-                continue
-            self.busy, self.current = True, job
-            self.served += 1  # counted when the model starts on it (tests: "nothing generated")
-            try:
-                self._serve(job)
-            except BaseException as e:  # the worker outlives every request
-                log.exception("generation failed")
-                job.emit(Event("error", error=e))
-            finally:
-                self.busy, self.current = False, None
+            if not self._running:  # idle: wait for work
+                job = self._queue.get()
+                if job is None:
+                    return
+                self._admit(job)
+            while len(self._running) < self.max_batch:  # room: the waiting join now
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._cancel_all()
+                    return
+                self._admit(job)
+            for row, r in list(self._running.items()):  # clients that went away leave at once
+                if r.job.cancelled.is_set():
+                    self._leave(row, r)
+            if self._running:
+                self._step()
 
-    def _serve(self, job: Job) -> None:
-        controller = self._controller()
-        job.started_at = time.perf_counter()
-
-        def on_step(tokens: torch.Tensor) -> bool:
-            job.tracker.add(tokens.tolist())
-            if job.stream:
-                delta = job.tracker.release()
-                if delta:
-                    job.emit(Event("delta", text=delta))
-            return job.cancelled.is_set() or job.tracker.stopped
-
+    def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            job.emit(Event("cancelled"))
+            return
         try:
-            res = controller.generate(
-                job.prompt,  # type: ignore[arg-type]
-                job.domain,
-                max_new_tokens=job.max_tokens,
-                temperature=job.temperature,
-                seed=job.seed,
-                on_step=on_step,
+            controller = self._controller()
+            if self._batch is None:
+                self._batch = controller.new_batch(self.draft_depth)
+            admission = controller.admit(
+                self._batch, job.prompt, job.domain, max_new_tokens=job.max_tokens, temperature=job.temperature,  # type: ignore[arg-type]
+                seed=job.seed, tag=job,
             )
         except ValueError as e:  # the project's user errors (ContextLengthError...): the request's fault
             job.emit(Event("error", error=APIError(400, str(e), param=job.prompt_param)))
             return
+        except Exception as e:  # the scheduler outlives every request
+            log.exception("admitting a request failed")
+            job.emit(Event("error", error=e))
+            return
+        job.started_at = time.perf_counter()
+        self.served += 1  # counted when the model starts on it (tests: "nothing generated")
+        self._running[admission.row] = _Running(job, admission, controller)
+
+    def _step(self) -> None:
+        assert self._batch is not None
+        controller = next(iter(self._running.values())).controller
+        try:
+            with controller.lock:  # a one-shot generate on the same model waits for the step
+                steps = self._batch.step()
+        except Exception as e:  # a failed forward fails the rows in it, not the server
+            log.exception("a batched step failed; its %d requests answer 500", len(self._running))
+            for row, r in list(self._running.items()):
+                self._batch.drop(row)
+                del self._running[row]
+                r.job.emit(Event("error", error=e))
+            return
+        self.steps += 1
+        for s in steps:
+            r = self._running.get(s.row)
+            if r is None:
+                continue
+            job = r.job
+            job.tracker.add(s.tokens.tolist())
+            if job.stream and not job.cancelled.is_set():
+                delta = job.tracker.release()
+                if delta:
+                    job.emit(Event("delta", text=delta))
+            if s.done or job.cancelled.is_set() or job.tracker.stopped:
+                self._leave(s.row, r)
+
+    def _leave(self, row: Row, r: _Running) -> None:
+        """Take a row out of the batch and answer its request (result, or cancelled)."""
+        assert self._batch is not None
+        self._batch.drop(row)
+        self._running.pop(row, None)
+        job = r.job
+        res = r.controller.result(r.admission)
         if job.cancelled.is_set():
             log.info("request cancelled by its client after %d tokens", int(res.stats.new_tokens))
             job.emit(Event("cancelled"))
             return
         job.emit(Event("done", result=res))
 
+    def _cancel_all(self) -> None:
+        for row, r in list(self._running.items()):
+            r.job.cancel()
+            self._leave(row, r)
