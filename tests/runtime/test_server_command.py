@@ -33,7 +33,7 @@ def test_the_command_loads_everything_at_start_and_serves_labelled_and_unlabeled
         r = cl.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Who wrote Hamlet?"}], extra_body={"domain": "qa"})
         assert r.tss["skip_set"] == [1] and r.usage.completion_tokens <= 6
         r = cl.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Translate German to English: Guten Morgen."}])
-        assert set(r.tss) == {"domain", "skip_set", "routed", "accept_length", "tokens_per_s"}
+        assert set(r.tss) == {"domain", "skip_set", "routed", "accept_length", "tokens_per_s", "steps", "layer_forwards"}
         assert r.tss["routed"] == (r.tss["domain"] is not None)
     finally:
         stop_command(proc)

@@ -173,6 +173,7 @@ def _finish(job: Job, res: Any) -> tuple[str, Usage, TSSInfo]:
     tss = TSSInfo(
         domain=res.domain, skip_set=sorted(res.skip_set), routed=bool(res.routed),
         accept_length=float(res.stats.accept_length), tokens_per_s=float(res.stats.tokens_per_s),
+        steps=int(res.stats.steps), layer_forwards=int(res.stats.verify_layer_forwards),
     )
     return reason, usage, tss
 

@@ -87,13 +87,15 @@ class Usage:
 
 @dataclass(frozen=True)
 class TSSInfo:
-    """The ``tss`` object every response carries (the last chunk of a stream)."""
+    """The ``tss`` object every response carries (the last chunk of a stream); docs/serving.md."""
 
     domain: str | None
     skip_set: list[int] = field(default_factory=list)
     routed: bool = False
     accept_length: float = 1.0
     tokens_per_s: float = 0.0
+    steps: int = 0
+    layer_forwards: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +104,10 @@ class TSSInfo:
             "routed": self.routed,
             "accept_length": round(self.accept_length, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
+            # This request's verification steps and the decoder-layer forwards they ran on
+            # its tokens: layers minus its skip set per step (the compute the skip set saved).
+            "steps": self.steps,
+            "layer_forwards": self.layer_forwards,
         }
 
 

@@ -132,6 +132,7 @@ class GenerationWorker:
         self._stopping = False
         self.served = 0  # jobs admitted into the batch (the model started on them)
         self.steps = 0
+        self.peak_batch = 0  # the most rows one step carried
 
     def start(self) -> None:
         self._thread.start()
@@ -229,6 +230,7 @@ class GenerationWorker:
     def _step(self) -> None:
         assert self._batch is not None
         controller = next(iter(self._running.values())).controller
+        self.peak_batch = max(self.peak_batch, len(self._running))
         try:
             with controller.lock:  # a one-shot generate on the same model waits for the step
                 steps = self._batch.step()
