@@ -1,8 +1,8 @@
-"""The OpenAI-compatible HTTP server over one loaded model (issues 20 and 25).
+"""The OpenAI-compatible HTTP server over one loaded model (issues 20, 25 and 31).
 
 - ``settings.py``: the settings, the API key, the refusal to bind beyond loopback without one.
 - ``schemas.py``: OpenAI requests (validated field by field) and responses, the ``tss`` object.
-- ``worker.py``: the one generation thread and its bounded FIFO queue.
+- ``worker.py``: the scheduler: a bounded FIFO queue and one continuous batch on one thread.
 - ``text.py``: output text, stop strings, stream deltas that join to the full text.
 - ``reload.py``: the mapping file reloaded when it changes.
 - ``security.py``: bearer-key check and body-size limit.
