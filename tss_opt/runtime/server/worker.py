@@ -212,10 +212,11 @@ class GenerationWorker:
             controller = self._controller()
             if self._batch is None:
                 self._batch = controller.new_batch(self.draft_depth)
-            admission = controller.admit(
-                self._batch, job.prompt, job.domain, max_new_tokens=job.max_tokens, temperature=job.temperature,  # type: ignore[arg-type]
-                seed=job.seed, tag=job,
-            )
+            with controller.lock:  # the router may run the model to place an unlabeled request
+                admission = controller.admit(
+                    self._batch, job.prompt, job.domain, max_new_tokens=job.max_tokens, temperature=job.temperature,  # type: ignore[arg-type]
+                    seed=job.seed, tag=job,
+                )
         except ValueError as e:  # the project's user errors (ContextLengthError...): the request's fault
             job.emit(Event("error", error=APIError(400, str(e), param=job.prompt_param)))
             return
