@@ -163,6 +163,6 @@ def test_draft_vocab_setting_errors(tiny: LoadedModel, tmp_path: Path) -> None:
     with pytest.raises(DrafterConfigError, match=r"drafter.draft_vocab=-1 is invalid"):
         build_drafter({"name": "eagle", "checkpoint": str(path), "draft_vocab": -1}, target, tiny)
     # an old head with the default (null) or 0 drafts over the whole vocabulary
-    for n in (None, 0):
-        d = build_drafter({"name": "eagle", "checkpoint": str(path), "draft_vocab": n}, target, tiny)
+    for n in (None, 0):  # a fixed tree: a sized one may be NoDrafter on a busy machine
+        d = build_drafter({"name": "eagle", "checkpoint": str(path), "draft_vocab": n, "total_tokens": 8}, target, tiny)
         assert isinstance(d, EagleDrafter) and d.vocab_ids is None

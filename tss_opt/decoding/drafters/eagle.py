@@ -12,6 +12,8 @@ The head (eagle_head.py) and its checkpoints (eagle_checkpoint.py) are re-export
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 
@@ -58,6 +60,22 @@ __all__ = [
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:
     """log-softmax in at least float32 (half-precision scores would reorder close candidates)."""
     return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+
+def check_draft_vocab(head: Any, n: int | None) -> None:
+    """Refuse a ``drafter.draft_vocab`` setting that ``head`` cannot serve (checked when the
+    drafter is built, before any sizing, so the answer never depends on the machine).
+
+    Raises:
+        ValueError: ``n`` is negative, or positive for a head without a draft vocabulary.
+    """
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ValueError(f"drafter.draft_vocab={n!r} is invalid; expected null (the head's), 0 (the whole vocabulary) or N > 0")
+    if n and head.draft_vocab is None:
+        raise ValueError(
+            f"drafter.draft_vocab={n} but this EAGLE head carries no draft vocabulary (a checkpoint from before "
+            "issue 23, or trained with train.draft_vocab=0); set drafter.draft_vocab=null, or retrain the head"
+        )
 
 
 class EagleDrafter(Drafter):
@@ -129,14 +147,8 @@ class EagleDrafter(Drafter):
         Raises:
             ValueError: ``n`` is negative, or positive for a head without a draft vocabulary.
         """
+        check_draft_vocab(self.head, n)
         carried = self.head.draft_vocab
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise ValueError(f"drafter.draft_vocab={n!r} is invalid; expected null (the head's), 0 (the whole vocabulary) or N > 0")
-        if n and carried is None:
-            raise ValueError(
-                f"drafter.draft_vocab={n} but this EAGLE head carries no draft vocabulary (a checkpoint from before "
-                "issue 23, or trained with train.draft_vocab=0); set drafter.draft_vocab=null, or retrain the head"
-            )
         self.vocab_ids: torch.Tensor | None = None  # [N] target ids of draft row i; None = identity
         self._vocab_weight: torch.Tensor | None = None  # [N, H]: lm_head's rows of those ids
         self._vocab_bias: torch.Tensor | None = None

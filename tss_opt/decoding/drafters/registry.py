@@ -488,6 +488,7 @@ def build_eagle(
     frequent)."""
     from tss_opt.decoding.drafters.eagle import (
         EagleDrafter,
+        check_draft_vocab,
         load_eagle_head,
         random_eagle_head,
         warn_other_model,
@@ -510,6 +511,10 @@ def build_eagle(
         directory = str(given[0])
         head = _cached_weights(f"path:{directory}", lambda: load_eagle_head(directory, target.model), target.model)
         warn_other_model(directory, loaded.config.name)
+    try:  # a bad setting is refused whatever the sizing below decides (NoDrafter included)
+        check_draft_vocab(head, draft_vocab)
+    except ValueError as e:
+        raise DrafterConfigError(str(e)) from e
     if total_tokens == AUTO:  # sized to the hardware (tree_sizing.py)
         from tss_opt.decoding.tree_sizing import sized_eagle
 
