@@ -38,7 +38,13 @@ class QueueFull(Exception):
 @dataclass
 class Event:
     """What the worker tells a request: ``kind`` is ``"delta"`` (``text``), ``"done"``
-    (``result``), ``"error"`` (``error``) or ``"cancelled"``."""
+    (``result``), ``"error"`` (``error``) or ``"cancelled"`` (``result``: what was generated
+    before the cancellation was seen; ``None`` when the job never started). ``"done"``,
+    ``"error"`` and ``"cancelled"`` are a job's last event from the worker.
+
+    ``"shutdown"`` (``error``) is never sent by the worker: the server puts it on a running
+    job's queue when the shutdown grace period ends (``ServingState.drain``).
+    """
 
     kind: str
     text: str = ""
@@ -101,6 +107,7 @@ class GenerationWorker:
         self.busy = False
         self.current: Job | None = None
         self.served = 0  # jobs the model started on
+        self.draining = False  # drain() was called: submit refuses
 
     def start(self) -> None:
         self._thread.start()
@@ -129,10 +136,42 @@ class GenerationWorker:
         return self._queue.qsize()
 
     def submit(self, job: Job) -> None:
+        if self.draining:
+            raise QueueFull
         try:
             self._queue.put_nowait(job)
         except queue.Full as e:
             raise QueueFull from e
+
+    # ------------------------------------------------------------------ shutdown (issue 32)
+    def drain(self, error: BaseException) -> int:
+        """Shutdown, first step: take no new job and answer every waiting one.
+
+        Contract (the server's SIGTERM handling relies on it, ``ServingState.drain``):
+        afterwards :meth:`submit` raises :class:`QueueFull`; every job that had not started
+        decoding leaves the queue and gets exactly one event, ``Event("error", error=error)``,
+        and nothing after it; jobs already decoding are not touched and end as usual (their
+        ``done``, ``cancelled`` or ``error`` event; :meth:`Job.cancel` stops one after its
+        current step). Called on the event loop's thread; never blocks.
+
+        Returns:
+            How many waiting jobs were answered.
+        """
+        self.draining = True
+        answered, sentinel = 0, False
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:  # stop() was called first: keep its sentinel for the thread
+                sentinel = True
+                continue
+            job.emit(Event("error", error=error))
+            answered += 1
+        if sentinel:
+            self._queue.put_nowait(None)
+        return answered
 
     # --------------------------------------------------------------------------- the thread
     def _run(self) -> None:
@@ -179,7 +218,7 @@ class GenerationWorker:
             return
         if job.cancelled.is_set():
             log.info("request cancelled by its client after %d tokens", int(res.stats.new_tokens))
-            job.emit(Event("cancelled"))
+            job.emit(Event("cancelled", result=res))
             return
         job.emit(Event("done", result=res))
 
