@@ -133,9 +133,11 @@ def start_command(args: list[str], env: dict[str, str], log: Path) -> tuple[subp
     raise AssertionError(f"the server did not start: {log.read_text()}")
 
 
-def stop_command(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
+def stop_command(proc: subprocess.Popen, sig: int = signal.SIGINT) -> int | None:
+    """Stop the command with ``sig``; its exit status (``None``: it had to be killed)."""
+    proc.send_signal(sig)
     try:
-        proc.wait(30)
+        return proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
+        return None
