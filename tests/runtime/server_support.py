@@ -22,7 +22,7 @@ from runtime_support import TINY_ID, pld
 from tss_opt.decoding.target import TargetModel
 from tss_opt.models import LoadedModel
 from tss_opt.runtime import DomainRouter, TSSController
-from tss_opt.runtime.server import ServerSettings, ServingState, uvicorn_config
+from tss_opt.runtime.server import ServerSettings, ServingState, make_server
 
 ROUTER_PROMPTS = {
     "qa": ["Who wrote Hamlet?", "What is the capital of France?", "When did the war end?"],
@@ -66,13 +66,15 @@ def tiny_controller(tiny: LoadedModel, target: TargetModel, mapping: Path, route
     )
 
 
+# The running servers by base URL (a test that signals one reaches it here).
+SERVERS: dict[str, Any] = {}
+
+
 @contextmanager
 def running_server(state: ServingState, log_level: str = "warning") -> Iterator[str]:
     """Serve ``state`` on a free port; yields the base URL; stops the server afterwards."""
-    import uvicorn
-
     state.settings = replace(state.settings, port=free_port())
-    server = uvicorn.Server(uvicorn_config(state, log_level))
+    server = make_server(state, log_level)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -80,9 +82,12 @@ def running_server(state: ServingState, log_level: str = "warning") -> Iterator[
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
+    url = f"http://127.0.0.1:{state.settings.port}"
+    SERVERS[url] = server
     try:
-        yield f"http://127.0.0.1:{state.settings.port}"
+        yield url
     finally:
+        SERVERS.pop(url, None)
         server.should_exit = True
         thread.join(30)
 
@@ -97,6 +102,12 @@ def plain_greedy(controller: TSSController, ids: torch.Tensor, skip: frozenset[i
 
     eng = SpeculativeEngine(controller.target, controller.drafter_factory(), eos_token_ids=controller.eos_token_ids)
     return eng.generate(ids, max_new_tokens=n, skip=skip).tokens.tolist()
+
+
+def answer_text(tokenizer: Any, ids: list[int]) -> str:
+    """The answer the server gives for ``ids``: decoded without special tokens, and ending
+    before an incomplete last character (the tiny model writes random bytes)."""
+    return tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
 
 
 # ------------------------------------------------------------------ the command (subprocess)
@@ -122,9 +133,11 @@ def start_command(args: list[str], env: dict[str, str], log: Path) -> tuple[subp
     raise AssertionError(f"the server did not start: {log.read_text()}")
 
 
-def stop_command(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
+def stop_command(proc: subprocess.Popen, sig: int = signal.SIGINT) -> int | None:
+    """Stop the command with ``sig``; its exit status (``None``: it had to be killed)."""
+    proc.send_signal(sig)
     try:
-        proc.wait(30)
+        return proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
+        return None

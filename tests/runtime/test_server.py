@@ -15,7 +15,14 @@ import openai
 import pytest
 import yaml
 from runtime_support import mapping_data
-from server_support import make_state, plain_greedy, running_server, tiny_controller, tiny_router
+from server_support import (
+    answer_text,
+    make_state,
+    plain_greedy,
+    running_server,
+    tiny_controller,
+    tiny_router,
+)
 
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.runtime.chat import chat_ids
@@ -67,7 +74,7 @@ def test_completion_continues_the_raw_prompt_exactly_as_greedy_decoding(server, 
     r = client.completions.create(model="tiny", prompt="hello there", max_tokens=10, extra_body={"domain": "qa"})
     ids = c.tokenizer("hello there", return_tensors="pt")["input_ids"][0]
     want = plain_greedy(c, ids, frozenset({1}), 10)
-    assert r.choices[0].text == c.tokenizer.decode(want, skip_special_tokens=True)
+    assert r.choices[0].text == answer_text(c.tokenizer, want)
     assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == len(want)
     assert r.usage.total_tokens == len(ids) + len(want)
     assert r.tss["domain"] == "qa" and r.tss["skip_set"] == [1] and r.tss["routed"] is False
@@ -82,14 +89,14 @@ def test_chat_applies_the_template_and_the_domain_system_prompt_as_the_search_di
     # Exactly the search's prompt for this domain: format_prompt with its system prompt.
     ids = format_prompt(c.tokenizer, Example(id="x", prompt="Who wrote Hamlet?", references=()), "Answer briefly.")
     want = plain_greedy(c, ids, frozenset({1}), 12)
-    assert r.choices[0].message.content == c.tokenizer.decode(want, skip_special_tokens=True)
+    assert r.choices[0].message.content == answer_text(c.tokenizer, want)
     assert r.choices[0].message.role == "assistant"
     assert r.usage.prompt_tokens == len(ids)
     # Another domain has no system prompt: the plain template.
     r2 = client.chat.completions.create(model="tiny", messages=HAMLET, max_tokens=12, extra_body={"domain": "translation"})
     ids2 = chat_ids(c.tokenizer, HAMLET)
     assert r2.usage.prompt_tokens == len(ids2)
-    assert r2.choices[0].message.content == c.tokenizer.decode(plain_greedy(c, ids2, frozenset({2, 3}), 12), skip_special_tokens=True)
+    assert r2.choices[0].message.content == answer_text(c.tokenizer, plain_greedy(c, ids2, frozenset({2, 3}), 12))
     assert r2.tss["skip_set"] == [2, 3]
 
 
@@ -179,6 +186,12 @@ BAD = [
     ("chat/completions", {"model": "tiny"}, 400, "messages", "missing_field"),
     ("chat/completions", {"model": "tiny", "messages": "hi"}, 400, "messages", "invalid_type"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", None),
+    # param is the validation error's location (issue 31)
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 3}]}, 400, "messages[1].content", "invalid_type"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content", None),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}}, 400, "stream_options.include_usage", "invalid_type"),
+    ("completions", {"model": "tiny", "prompt": [1, 100000000000000000000]}, 400, "prompt", None),
+    ("completions", {"model": "tiny", "prompt": "hi", "seed": 18446744073709551616}, 400, "seed", None),
     ("completions", {"model": "tiny", "prompt": "x" * 2100}, 400, "prompt", "context_length_exceeded"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x" * 2100}]}, 400, "messages", "context_length_exceeded"),
     ("completions", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens", None),
@@ -259,6 +272,8 @@ def test_a_full_queue_answers_429_and_the_waiting_requests_are_served_in_order(t
         third = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "ccc", "max_tokens": 5}, timeout=30)
         assert third.status_code == 429
         assert third.json()["error"]["type"] == "rate_limit_error" and "max_queue" in third.json()["error"]["message"]
+        # Issue 32: with Retry-After (lm-evaluation-harness spent its retries at once without it).
+        assert 1 <= int(third.headers["retry-after"]) <= 60
         lock.release()
         first.join(60)
         second.join(60)
@@ -266,7 +281,7 @@ def test_a_full_queue_answers_429_and_the_waiting_requests_are_served_in_order(t
         # Outputs never mix: each equals its own request served alone.
         for name, prompt in (("first", "aaa"), ("second", "bbb")):
             ids = c.tokenizer(prompt, return_tensors="pt")["input_ids"][0]
-            want = c.tokenizer.decode(plain_greedy(c, ids, frozenset(), 5), skip_special_tokens=True)
+            want = answer_text(c.tokenizer, plain_greedy(c, ids, frozenset(), 5))
             assert results[name].json()["choices"][0]["text"] == want
 
 
@@ -286,7 +301,7 @@ def test_many_clients_at_once_never_mix_outputs(server, client):
         t.join(120)
     for i, p in enumerate(prompts):
         ids = c.tokenizer(p, return_tensors="pt")["input_ids"][0]
-        assert out[i] == c.tokenizer.decode(plain_greedy(c, ids, frozenset({1}), 8), skip_special_tokens=True)
+        assert out[i] == answer_text(c.tokenizer, plain_greedy(c, ids, frozenset({1}), 8))
 
 
 def test_a_client_that_disconnects_mid_stream_stops_its_generation(tiny, tiny_target, mapping_file, caplog):
@@ -309,6 +324,9 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(tiny, tiny_ta
         n = int(msgs[0].split("after ")[1].split()[0])
         assert n < 1900
         assert _metric(httpx.get(url + "/metrics").text, "tss_requests_total") == 0  # not counted as served
+        # ... but counted as cancelled, with the tokens it generated (issue 32).
+        _wait_until(lambda: _metric(httpx.get(url + "/metrics").text, "tss_requests_cancelled_total", endpoint="completions") == 1)
+        assert _metric(httpx.get(url + "/metrics").text, "tss_generated_tokens_total") == n
         # and the server goes on serving
         assert httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3}).status_code == 200
 

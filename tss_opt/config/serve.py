@@ -32,7 +32,15 @@ class ServeSettings:
             integer cap (``0``: batched plain decoding, no drafting).
         max_tokens_cap: The largest ``max_tokens`` a request may ask for (400 beyond).
         max_body_bytes: Largest request body (413 beyond, refused before it is read).
-        timeout_keep_alive: Seconds an idle connection is kept open (uvicorn).
+        timeout_keep_alive: Seconds an idle keep-alive connection is kept open.
+        timeout_header: Seconds a connection has to send a request's headers, from its
+            opening (or the next request's first byte); then it is closed (408 when a
+            request had begun).
+        timeout_body: Seconds a request's body has to arrive after its headers.
+        max_connections: Open connections at most; one more closes the oldest connection
+            that is not being answered (503 only when every connection is being answered).
+        shutdown_grace: Seconds running requests get to finish after SIGTERM (or Ctrl-C);
+            then they end with a 503 error (a stream: an error event and ``[DONE]``).
         served_model_name: The model id ``/v1/models`` lists and requests name; ``None``: the
             model config's ``name``.
     """
@@ -48,4 +56,10 @@ class ServeSettings:
     max_tokens_cap: int = 1024
     max_body_bytes: int = 1_000_000
     timeout_keep_alive: int = 5
+    timeout_header: float = 5.0
+    timeout_body: float = 30.0
+    max_connections: int = 512
+    # Below Kubernetes' default terminationGracePeriodSeconds (30 s), so the server exits
+    # on its own before it is killed.
+    shutdown_grace: float = 25.0
     served_model_name: str | None = None

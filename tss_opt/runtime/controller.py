@@ -65,6 +65,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# Unmapped domain names logged at most (one line each); a client picks them.
+MAX_REPORTED_DOMAINS = 32
+
 
 
 @dataclass
@@ -246,13 +249,19 @@ class TSSController:
         skip = self._skip_sets.get(domain)
         if skip is not None:
             return skip
-        if domain not in self._reported:
+        if domain not in self._reported and len(self._reported) <= MAX_REPORTED_DOMAINS:
+            # Clients choose these names: one line per name, for a bounded number of names
+            # (issue 32: every distinct string logged a line).
             self._reported.add(domain)
+            if len(self._reported) > MAX_REPORTED_DOMAINS:
+                log.warning("more than %d unmapped domain names seen; further ones are not logged", MAX_REPORTED_DOMAINS)
+                return frozenset()
             where = f" {self.mapping.path}" if self.mapping.path else ""
+            shown = domain if len(domain) <= 64 else domain[:61] + "..."
             log.warning(
                 "domain %r has no entry in the mapping%s (mapped: %s); its requests run dense. "
                 "Run the search for it to get a skip set.",
-                domain, where, ", ".join(self.domains) or "none",
+                shown, where, ", ".join(self.domains) or "none",
             )
         return frozenset()
 

@@ -2,16 +2,22 @@
 
 :class:`ServingState` holds what the routes share (controller, worker, metrics, settings);
 :func:`create_app` builds the FastAPI app over it. Requests are validated and tokenized on
-the event loop, then queued for the one generation worker (``worker.py``); the route awaits
+the event loop, then queued for the scheduler's continuous batch (``worker.py``); the route awaits
 the worker's events and answers in OpenAI's shapes (``schemas.py``). Every refusal is an
 :class:`~tss_opt.runtime.server.errors.APIError` in OpenAI's error shape; an unexpected
 failure answers 500 in the same shape and the server keeps serving.
+
+429 and 503 carry ``Retry-After`` (issue 32). :meth:`ServingState.drain` is the shutdown
+(``run.py`` calls it on SIGTERM): new requests 503, waiting ones 503, running ones finish
+within ``shutdown_grace`` or end with a 503 error (a stream: an error event, then
+``data: [DONE]``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,6 +57,10 @@ log = logging.getLogger(__name__)
 
 # How often a non-streamed request checks that its client is still there.
 DISCONNECT_POLL_S = 0.5
+# Retry-After bounds (seconds): the openai client honours up to 60.
+RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
+# After the grace period, how long cut requests get to write their last event.
+CUT_FLUSH_S = 5.0
 
 
 class ServingState:
@@ -78,13 +88,20 @@ class ServingState:
         self.created = int(time.time())
         self.worker = GenerationWorker(self.current_controller, settings.max_queue, settings.max_batch, draft_depth)
         self.metrics = ServerMetrics(
-            lambda: self.worker.depth, lambda: self.worker.batch_size, self.worker.rows_per_skip_set
+            lambda: self.worker.depth, lambda: self._controller.domains, lambda: self.worker.batch_size,
+            self.worker.rows_per_skip_set,
         )
         self.reloader = (
             MappingReloader(controller, mapping_path, lambda r: self.metrics.reloads.labels(result=r).inc())
             if mapping_path else None
         )
         self._controller = controller
+        # Submitted and not yet answered, by id() (Job is a dataclass: unhashable); what a
+        # shutdown waits for.
+        self.jobs: dict[int, Job] = {}
+        self.draining_until: float | None = None  # loop time the shutdown grace ends; None: serving
+        self._service_s = 0.0  # running mean of one request's decoding seconds (Retry-After)
+        self._background: set[asyncio.Task[None]] = set()
 
     def current_controller(self) -> TSSController:
         """The controller for the next job (the worker calls it; reloads a changed mapping)."""
@@ -95,6 +112,31 @@ class ServingState:
     @property
     def controller(self) -> TSSController:
         return self._controller
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids of a completions prompt are below this (checked when the body is parsed)."""
+        return int(self._controller.target.model.config.vocab_size)
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_until is not None
+
+    # ------------------------------------------------------------------------ Retry-After
+    def retry_after(self, status: int) -> int:
+        """Seconds a refused client should wait: 429, about one request's decoding time over
+        the rows decoding (a queue slot frees when the first of the batch's rows ends); 503
+        (shutting down), what is left of the grace period."""
+        if status == 503 and self.draining_until is not None:
+            seconds = self.draining_until - asyncio.get_running_loop().time()
+        else:
+            seconds = self._service_s / max(1, self.worker.batch_size)
+        return int(min(RETRY_AFTER_MAX, max(RETRY_AFTER_MIN, math.ceil(seconds))))
+
+    def observe_service(self, new_tokens: int, tokens_per_s: float) -> None:
+        if tokens_per_s > 0:
+            s = new_tokens / tokens_per_s
+            self._service_s = s if self._service_s == 0 else 0.8 * self._service_s + 0.2 * s
 
     # ------------------------------------------------------------------------ requests
     def check_model(self, model: str | None) -> None:
@@ -117,11 +159,8 @@ class ServingState:
                 raise APIError(400, f"the chat template cannot format these messages: {e}", param="messages") from e
         if isinstance(req.prompt, str):
             ids = torch.as_tensor(c.tokenizer(req.prompt)["input_ids"], dtype=torch.long).reshape(-1)
-        else:
+        else:  # ids below the vocabulary: checked when the body was parsed
             ids = torch.as_tensor(req.prompt, dtype=torch.long)
-            vocab = int(c.target.model.config.vocab_size)
-            if int(ids.max()) >= vocab:
-                raise APIError(400, f"prompt has token id {int(ids.max())}; the model's ids are 0-{vocab - 1}", param="prompt")
         if ids.numel() == 0:
             raise APIError(400, "prompt has no tokens; give some text", param="prompt")
         return ids, int(ids.numel())
@@ -130,8 +169,10 @@ class ServingState:
         """Validate the request against the model and the limits and queue it.
 
         Raises:
-            APIError: 400 (too long, max_tokens over the cap), 404 (model), 429 (queue full).
+            APIError: 400 (too long, max_tokens over the cap), 404 (model), 429 (queue full),
+                503 (shutting down).
         """
+        self.refuse_if_draining()
         self.check_model(req.model)
         c, s = self._controller, self.settings
         max_tokens = req.max_tokens if req.max_tokens is not None else min(c.max_new_tokens, s.max_tokens_cap)
@@ -156,11 +197,73 @@ class ServingState:
         try:
             self.worker.submit(job)
         except QueueFull as e:
+            self.refuse_if_draining()
             raise APIError(
-                429, f"{s.max_queue} requests are already waiting (max_queue); retry later",
+                429, f"{s.max_queue} requests are already waiting (max_queue); retry after the Retry-After header's seconds",
                 type="rate_limit_error", code="queue_full",
             ) from e
+        self.jobs[id(job)] = job
         return job
+
+    # ------------------------------------------------------------------------ shutdown
+    def refuse_if_draining(self) -> None:
+        if self.draining:
+            raise shutting_down("the server is shutting down and takes no new requests; retry (another replica, or "
+                                "this address once it is back)")
+
+    async def drain(self, grace_s: float) -> None:
+        """Shut down (SIGTERM): take no new request (503), answer the waiting ones 503, let
+        the running ones finish for up to ``grace_s`` seconds, then end them with a 503 error
+        (a stream: an error event and ``data: [DONE]``). Returns when every request is
+        answered (or ``CUT_FLUSH_S`` after the grace period, for clients that stopped reading).
+        """
+        loop = asyncio.get_running_loop()
+        self.draining_until = loop.time() + grace_s
+        waiting = self.worker.drain(shutting_down("the server is shutting down; this request had not started; retry"))
+        log.info(
+            "shutting down: %d waiting requests refused; %d running get up to %gs (shutdown_grace)",
+            waiting, max(0, len(self.jobs) - waiting), grace_s,
+        )
+        while self.jobs and loop.time() < self.draining_until:
+            await asyncio.sleep(0.05)
+        if self.jobs:
+            log.warning("shutdown_grace=%gs is over: ending %d running requests with 503", grace_s, len(self.jobs))
+        cut = shutting_down(f"the server shut down before this request finished (shutdown_grace={grace_s:g}s); retry")
+        for job in list(self.jobs.values()):
+            job.cancel()
+            job.events.put_nowait(Event("shutdown", error=cut))
+        flush_until = loop.time() + CUT_FLUSH_S
+        while self.jobs and loop.time() < flush_until:
+            await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------------------ abandoned jobs
+    def abandon(self, job: Job, endpoint: str, last: Event | None = None) -> None:
+        """A request that ends without its answer (its client left, the shutdown cut it, the
+        worker cancelled it): the job is cancelled and the tokens it generated are counted
+        (``tss_generated_tokens_total``, ``tss_requests_cancelled_total``): from ``last``, the
+        worker's last event when it was read, else once the worker stops the job."""
+        job.cancel()
+        if last is not None:
+            self._count(job, endpoint, last)
+            return
+        task = asyncio.ensure_future(self._count_when_stopped(job, endpoint))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _count_when_stopped(self, job: Job, endpoint: str) -> None:
+        while True:
+            ev = await job.events.get()
+            if ev.kind in ("done", "cancelled", "error"):
+                self._count(job, endpoint, ev)
+                return
+
+    def _count(self, job: Job, endpoint: str, last: Event) -> None:
+        res = last.result if last.kind in ("done", "cancelled") else None
+        self.metrics.cancelled_request(endpoint, res.domain if res else job.domain, int(res.stats.new_tokens) if res else 0)
+
+
+def shutting_down(message: str) -> APIError:
+    return APIError(503, message, type="server_error", code="server_shutting_down")
 
 
 def _finish(job: Job, res: Any) -> tuple[str, Usage, TSSInfo]:
@@ -198,8 +301,15 @@ def create_app(state: ServingState) -> FastAPI:
 
     def refuse(e: APIError) -> JSONResponse:
         state.metrics.errors.labels(status=str(e.status)).inc()
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+        headers: dict[str, str] = {}
+        if e.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        if e.status in (429, 503):
+            headers["Retry-After"] = str(state.retry_after(e.status))
+        if e.status in (408, 413):
+            # The body was not read to its end: the connection cannot carry another request.
+            headers["Connection"] = "close"
+        return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:
@@ -227,10 +337,10 @@ def create_app(state: ServingState) -> FastAPI:
 
     # ------------------------------------------------------------------------ open routes
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> Response:
         c = state.controller
-        return {
-            "status": "ok",
+        body = {
+            "status": "draining" if state.draining else "ok",
             "model": state.model_name,
             "domains": c.domains,
             "router": c.router is not None,
@@ -239,6 +349,9 @@ def create_app(state: ServingState) -> FastAPI:
             "max_batch": settings.max_batch,
             "busy": state.worker.busy,
         }
+        if state.draining:  # load balancers take a shutting-down server out of rotation
+            return JSONResponse(body, status_code=503, headers={"Retry-After": str(state.retry_after(503))})
+        return JSONResponse(body)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -254,9 +367,10 @@ def create_app(state: ServingState) -> FastAPI:
 
     async def generate(request: Request, kind: str, endpoint: str) -> Response:
         authorize(request)  # before reading the body: no key, nothing read, nothing generated
+        state.refuse_if_draining()
         t0 = time.perf_counter()
         body = parse_json(await read_body(request, settings.max_body_bytes))
-        req = parse_request(body, kind)  # type: ignore[arg-type]
+        req = parse_request(body, kind, vocab_size=state.vocab_size)  # type: ignore[arg-type]
         job = state.make_job(req, asyncio.get_running_loop())
         rid = new_id(req.kind)
         if req.stream:
@@ -264,10 +378,17 @@ def create_app(state: ServingState) -> FastAPI:
                 _stream(state, job, req, rid, endpoint, t0), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        res = await _wait(job, request)
-        if res is None:  # the client left: nobody to answer
-            return Response(status_code=499)
+        try:
+            res = await _wait(job, request)
+        except _Abandoned as e:
+            state.abandon(job, endpoint, e.last)
+            if e.error is None:  # the client left: nobody to answer
+                return Response(status_code=499)
+            raise e.error from None
+        finally:
+            state.jobs.pop(id(job), None)
         reason, usage, tss = _finish(job, res)
+        state.observe_service(usage.completion_tokens, tss.tokens_per_s)
         state.metrics.served(endpoint, res.domain, usage.completion_tokens, tss.accept_length, time.perf_counter() - t0)
         log.info(
             "%s %s: domain=%s routed=%s tokens=%d/%d accept=%.2f %.2fs", rid, endpoint, res.domain or "none",
@@ -286,22 +407,40 @@ def create_app(state: ServingState) -> FastAPI:
     return app
 
 
+class _Abandoned(Exception):
+    """The request ends without its answer: its client left (``error`` is ``None``), the
+    shutdown cut it or the worker cancelled it (``error``: the 503 to answer). ``last``: the
+    worker's last event, when it was read."""
+
+    def __init__(self, error: APIError | None = None, last: Event | None = None) -> None:
+        super().__init__()
+        self.error = error
+        self.last = last
+
+
 async def _wait(job: Job, request: Request) -> Any:
-    """The job's result (``None`` if the client disconnected first: the job is cancelled)."""
+    """The job's result.
+
+    Raises:
+        APIError: The worker's error (or the shutdown's 503 for a job that had not started).
+        _Abandoned: The client disconnected first, the shutdown cut the job, or the worker
+            cancelled it (stopping).
+    """
     while True:
         try:
             ev = await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
             if await request.is_disconnected():
-                job.cancel()
-                return None
+                raise _Abandoned() from None
             continue
         if ev.kind == "done":
             return ev.result
         if ev.kind == "error":
             raise _as_api_error(ev.error)
+        if ev.kind == "shutdown":
+            raise _Abandoned(_as_api_error(ev.error))
         if ev.kind == "cancelled":
-            return None
+            raise _Abandoned(shutting_down("the request was cancelled: the server is stopping; retry"), last=ev)
 
 
 def _as_api_error(e: BaseException | None) -> APIError:
@@ -315,6 +454,7 @@ async def _stream(state: ServingState, job: Job, req: GenerationRequest, rid: st
     ``tss``, then ``data: [DONE]``. Cancels the job when the client goes away."""
     name = state.model_name
     first = True
+    ended = False  # the worker's last event was read
     try:
         if req.kind == "chat":  # OpenAI's first chat chunk carries the role
             yield sse(chunk_body(req, rid, name, "", first=True))
@@ -324,20 +464,28 @@ async def _stream(state: ServingState, job: Job, req: GenerationRequest, rid: st
             if ev.kind == "delta":
                 yield sse(chunk_body(req, rid, name, ev.text, first=first))
                 first = False
-            elif ev.kind == "done":
+                continue
+            ended = ev.kind != "shutdown"
+            if ev.kind == "done":
                 res = ev.result
                 reason, usage, tss = _finish(job, res)
+                state.observe_service(usage.completion_tokens, tss.tokens_per_s)
                 state.metrics.served(endpoint, res.domain, usage.completion_tokens, tss.accept_length, time.perf_counter() - t0)
                 yield sse(chunk_body(req, rid, name, job.tracker.release(final=True), finish_reason=reason, usage=usage, tss=tss))
                 yield sse("[DONE]")
                 return
-            elif ev.kind == "error":
+            # An error, the shutdown's cut, or a cancellation the client did not ask for
+            # (the worker stopping): the stream still ends with an error event and [DONE].
+            if ev.kind == "cancelled":
+                state.abandon(job, endpoint, ev)
+                e = shutting_down("the request was cancelled: the server is stopping; retry")
+            else:
                 e = _as_api_error(ev.error)
-                state.metrics.errors.labels(status=str(e.status)).inc()
-                yield sse(e.body())
-                yield sse("[DONE]")
-                return
-            else:  # cancelled
-                return
+            state.metrics.errors.labels(status=str(e.status)).inc()
+            yield sse(e.body())
+            yield sse("[DONE]")
+            return
     finally:
-        job.cancel()  # a no-op once done; stops the decoding when the client left mid-stream
+        state.jobs.pop(id(job), None)
+        if not ended:  # the client left mid-stream, or the shutdown cut it: stop the decoding
+            state.abandon(job, endpoint)

@@ -1,19 +1,39 @@
 """Starting the server: settings checked first, the model, mapping and router loaded once,
-then uvicorn until Ctrl-C."""
+then uvicorn until SIGTERM or Ctrl-C.
+
+uvicorn runs with the connection guard of ``connections.py`` as its HTTP protocol (deadlines
+for headers, bodies and idle connections; room for new connections) instead of its
+``limit_concurrency``, which answers every request 503 once that many connections are open.
+:class:`DrainingServer` turns the first SIGTERM (or Ctrl-C) into a graceful shutdown
+(:meth:`ServingState.drain`, then uvicorn's own) that exits with status 0; a second signal
+stops at once, as uvicorn does.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+import uvicorn
+
 from tss_opt.errors import UsageError
+from tss_opt.runtime.server.app import ServingState, create_app
+from tss_opt.runtime.server.connections import ConnectionLimits, guarded_protocol
+from tss_opt.runtime.server.settings import ServerSettings
 
 if TYPE_CHECKING:
     from tss_opt.decoding.batch_budget import DepthPolicy
-from tss_opt.runtime.server.app import ServingState, create_app
-from tss_opt.runtime.server.settings import ServerSettings
 
-__all__ = ["build_state", "check_bind", "draft_depth_policy", "run_server", "uvicorn_config", "with_serving_drafter"]
+__all__ = [
+    "DrainingServer", "build_state", "check_bind", "draft_depth_policy", "make_server", "run_server", "uvicorn_config",
+    "with_serving_drafter",
+]
+
+# uvicorn's own wait for open connections once the drain answered every request.
+UVICORN_GRACE_S = 5
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +100,68 @@ def draft_depth_policy(settings: ServerSettings, target: Any, model_name: str | 
     return DepthPolicy(latency=load_or_measure_batch_latency(target, model_name=model_name))
 
 
-def uvicorn_config(state: ServingState, log_level: str = "info") -> Any:
-    """uvicorn's settings for ``state``: idle connections closed after ``timeout_keep_alive``
-    seconds; uvicorn's loggers go through the command's logging (no second config)."""
-    import uvicorn
-
+def uvicorn_config(state: ServingState, log_level: str = "info") -> uvicorn.Config:
+    """uvicorn's settings for ``state``: the guarded h11 protocol (``timeout_header``,
+    ``timeout_body``, ``timeout_keep_alive``, ``max_connections``); uvicorn's loggers go
+    through the command's logging (no second config)."""
     s = state.settings
+    limits = ConnectionLimits(
+        timeout_header=s.timeout_header, timeout_body=s.timeout_body, timeout_keep_alive=s.timeout_keep_alive,
+        max_connections=s.max_connections,
+    )
+    closed = state.metrics.connections_closed
     return uvicorn.Config(
         create_app(state), host=s.host, port=s.port, timeout_keep_alive=s.timeout_keep_alive,
+        http=guarded_protocol(limits, lambda reason: closed.labels(reason=reason).inc()), ws="none",
         log_config=None, log_level=log_level.lower(), server_header=False, date_header=False,
-        # Connections beyond this answer 503 at once instead of piling up file descriptors.
-        limit_concurrency=max(64, 4 * s.max_queue),
-        # Ctrl-C: open streams get this long to end (their requests are cancelled) before exit.
-        timeout_graceful_shutdown=10,
+        # No limit_concurrency: beyond it uvicorn answers every request 503, /health included
+        # (issue 32); max_connections makes room by closing connections not being answered.
+        limit_concurrency=None,
+        timeout_graceful_shutdown=UVICORN_GRACE_S,
     )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, with the first SIGTERM or Ctrl-C draining ``state`` first.
+
+    The drain (:meth:`ServingState.drain`) keeps the listener open, so a request arriving
+    meanwhile gets a 503 with ``Retry-After`` rather than a refused connection; then uvicorn
+    shuts down as usual. The signal is not re-raised afterwards (uvicorn does that, which
+    made SIGTERM end the process with status -15): the exit status is 0.
+    """
+
+    def __init__(self, config: uvicorn.Config, state: ServingState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.drain_started = False
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_started or self.should_exit or self._loop is None:
+            super().handle_exit(sig, frame)  # a second signal (or before start): uvicorn's own
+            return
+        self.drain_started = True
+        self._loop.call_soon_threadsafe(self._start_drain, sig)
+
+    def _start_drain(self, sig: int) -> None:
+        log.info("%s: shutting down", signal.Signals(sig).name)
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self.state.drain(self.state.settings.shutdown_grace)
+        finally:
+            self.should_exit = True
+
+
+def make_server(state: ServingState, log_level: str = "info") -> DrainingServer:
+    """The server for ``state`` (not started: ``.run()`` blocks until shut down)."""
+    return DrainingServer(uvicorn_config(state, log_level), state)
 
 
 def check_bind(host: str, port: int) -> None:
@@ -111,13 +179,11 @@ def check_bind(host: str, port: int) -> None:
 
 
 def run_server(state: ServingState, log_level: str = "info") -> None:
-    """Serve until interrupted.
+    """Serve until SIGTERM or Ctrl-C (drained: see :class:`DrainingServer`).
 
     Raises:
         UsageError: The address cannot be bound.
     """
-    import uvicorn
-
     check_bind(state.settings.host, state.settings.port)
     state.settings.warn_if_open()
     c = state.controller
@@ -127,4 +193,4 @@ def run_server(state: ServingState, log_level: str = "info") -> None:
         port, ", ".join(c.domains) or "none", "yes" if c.router is not None else "no",
         "required" if state.settings.api_key else "none",
     )
-    uvicorn.Server(uvicorn_config(state, log_level)).run()
+    make_server(state, log_level).run()

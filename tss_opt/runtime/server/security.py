@@ -44,13 +44,26 @@ def too_large(size: str, max_bytes: int) -> APIError:
 
 
 async def read_body(request: Any, max_bytes: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``max_bytes``."""
+    """The request body, refused with 413 as soon as it passes ``max_bytes``.
+
+    Raises:
+        APIError: 413 (too large); 408 when the connection closed before the body's end
+            (the client left, or the server closed it at ``timeout_body``).
+    """
+    from starlette.requests import ClientDisconnect
+
     chunks, seen = [], 0
-    async for chunk in request.stream():
-        seen += len(chunk)
-        if seen > max_bytes:
-            raise too_large(f"more than {max_bytes} bytes", max_bytes)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > max_bytes:
+                raise too_large(f"more than {max_bytes} bytes", max_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect as e:
+        raise APIError(
+            408, f"the request body ended after {seen} bytes: the connection closed (the client left, or the body did "
+            "not arrive within timeout_body)", code="request_timeout",
+        ) from e
     return b"".join(chunks)
 
 

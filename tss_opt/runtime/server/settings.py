@@ -53,6 +53,10 @@ class ServerSettings:
     max_tokens_cap: int = ServeSettings.max_tokens_cap
     max_body_bytes: int = ServeSettings.max_body_bytes
     timeout_keep_alive: int = ServeSettings.timeout_keep_alive
+    timeout_header: float = ServeSettings.timeout_header
+    timeout_body: float = ServeSettings.timeout_body
+    max_connections: int = ServeSettings.max_connections
+    shutdown_grace: float = ServeSettings.shutdown_grace
     served_model_name: str | None = ServeSettings.served_model_name
 
     def __repr__(self) -> str:
@@ -91,7 +95,11 @@ class ServerSettings:
             batch_draft=str(cfg.get("batch_draft", ServeSettings.batch_draft)),
             max_tokens_cap=int(cfg.get("max_tokens_cap", 1024)),
             max_body_bytes=int(cfg.get("max_body_bytes", 1_000_000)),
-            timeout_keep_alive=int(cfg.get("timeout_keep_alive", 5)),
+            timeout_keep_alive=int(cfg.get("timeout_keep_alive", ServeSettings.timeout_keep_alive)),
+            timeout_header=float(cfg.get("timeout_header", ServeSettings.timeout_header)),
+            timeout_body=float(cfg.get("timeout_body", ServeSettings.timeout_body)),
+            max_connections=int(cfg.get("max_connections", ServeSettings.max_connections)),
+            shutdown_grace=float(cfg.get("shutdown_grace", ServeSettings.shutdown_grace)),
             served_model_name=cfg.get("served_model_name"),
         )
         s.check()
@@ -99,7 +107,10 @@ class ServerSettings:
 
     def check(self) -> None:
         """Refuse settings the server cannot start with (one line each, naming the fix)."""
-        for name, low in (("max_queue", 1), ("max_batch", 1), ("max_tokens_cap", 1), ("max_body_bytes", 1024), ("timeout_keep_alive", 1)):
+        for name, low in (
+            ("max_queue", 1), ("max_batch", 1), ("max_tokens_cap", 1), ("max_body_bytes", 1024),
+            ("timeout_keep_alive", 1), ("max_connections", 8),
+        ):
             value = getattr(self, name)
             if value < low:
                 raise UsageError(f"{name}={value}; expected an integer >= {low}")
@@ -108,6 +119,11 @@ class ServerSettings:
                 f"batch_draft={self.batch_draft!r}; expected auto (measured per step), solo (rows draft as alone) "
                 "or an integer cap >= 0 (0: no drafting in a batch)"
             )
+        for name in ("timeout_header", "timeout_body"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"{name}={getattr(self, name)}; expected a number of seconds > 0")
+        if not self.shutdown_grace >= 0:
+            raise UsageError(f"shutdown_grace={self.shutdown_grace}; expected a number of seconds >= 0")
         if not 0 <= self.port <= 65535:
             raise UsageError(f"port={self.port}; expected 0-65535 (0 picks a free port)")
         if not is_loopback(self.host) and not self.api_key and not self.allow_open:

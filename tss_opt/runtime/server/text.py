@@ -4,7 +4,10 @@ A streamed answer must join to exactly the non-streamed text. Decoding a prefix 
 tokens can end in half a character (byte-level tokenizers split UTF-8 sequences across
 tokens; the decoder shows U+FFFD until the rest arrives), and the end of the text seen so far
 may be the start of a stop string that the next token completes. Both are held back until
-they are settled.
+they are settled. An answer that ends inside a character (``max_tokens`` reached, or
+cancelled, between the bytes of one) ends before it, not in U+FFFD (issue 32); a U+FFFD the
+model really wrote as the very last character is dropped too, the decoder showing both the
+same way.
 """
 
 from __future__ import annotations
@@ -52,16 +55,18 @@ class TextTracker:
 
     @property
     def text(self) -> str:
-        """The output so far, cut before a stop string."""
-        return self._text
+        """The output so far, cut before a stop string and before a trailing incomplete
+        character."""
+        return self._text.rstrip(REPLACEMENT)
 
     def release(self, final: bool = False) -> str:
         """The text that can be sent now and was not sent before.
 
         Held back unless ``final``: a trailing incomplete character, and a tail that could be
-        the start of a stop string.
+        the start of a stop string. With ``final`` the rest of :attr:`text` (which drops an
+        incomplete last character).
         """
-        text = self._text
+        text = self.text if final else self._text
         end = len(text)
         if not final and not self.stopped:
             while end > self.sent and text[end - 1] == REPLACEMENT:

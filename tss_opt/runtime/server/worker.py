@@ -46,7 +46,13 @@ class QueueFull(Exception):
 @dataclass
 class Event:
     """What the scheduler tells a request: ``kind`` is ``"delta"`` (``text``), ``"done"``
-    (``result``), ``"error"`` (``error``) or ``"cancelled"``."""
+    (``result``), ``"error"`` (``error``) or ``"cancelled"`` (``result``: what was generated
+    before the cancellation was seen; ``None`` when the job never started). ``"done"``,
+    ``"error"`` and ``"cancelled"`` are a job's last event from the scheduler.
+
+    ``"shutdown"`` (``error``) is never sent by the scheduler: the server puts it on a running
+    job's queue when the shutdown grace period ends (``ServingState.drain``).
+    """
 
     kind: str
     text: str = ""
@@ -133,6 +139,7 @@ class GenerationWorker:
         self.served = 0  # jobs admitted into the batch (the model started on them)
         self.steps = 0
         self.peak_batch = 0  # the most rows one step carried
+        self.draining = False  # drain() was called: submit refuses
 
     def start(self) -> None:
         self._thread.start()
@@ -176,10 +183,42 @@ class GenerationWorker:
         return dict(Counter(",".join(str(i) for i in sorted(r.admission.skip_set)) for r in list(self._running.values())))
 
     def submit(self, job: Job) -> None:
+        if self.draining:
+            raise QueueFull
         try:
             self._queue.put_nowait(job)
         except queue.Full as e:
             raise QueueFull from e
+
+    # ------------------------------------------------------------------ shutdown (issue 32)
+    def drain(self, error: BaseException) -> int:
+        """Shutdown, first step: take no new job and answer every waiting one.
+
+        Contract (the server's SIGTERM handling relies on it, ``ServingState.drain``):
+        afterwards :meth:`submit` raises :class:`QueueFull`; every job that had not joined the
+        batch leaves the queue and gets exactly one event, ``Event("error", error=error)``,
+        and nothing after it; rows already decoding are not touched and end as usual (their
+        ``done``, ``cancelled`` or ``error`` event; :meth:`Job.cancel` takes one out of the
+        batch at the next step). Called on the event loop's thread; never blocks.
+
+        Returns:
+            How many waiting jobs were answered.
+        """
+        self.draining = True
+        answered, sentinel = 0, False
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:  # stop() was called first: keep its sentinel for the thread
+                sentinel = True
+                continue
+            job.emit(Event("error", error=error))
+            answered += 1
+        if sentinel:
+            self._queue.put_nowait(None)
+        return answered
 
     # --------------------------------------------------------------------------- the thread
     def _run(self) -> None:
@@ -265,7 +304,7 @@ class GenerationWorker:
         res = r.controller.result(r.admission)
         if job.cancelled.is_set():
             log.info("request cancelled by its client after %d tokens", int(res.stats.new_tokens))
-            job.emit(Event("cancelled"))
+            job.emit(Event("cancelled", result=res))
             return
         job.emit(Event("done", result=res))
 
