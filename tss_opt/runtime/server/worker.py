@@ -251,11 +251,12 @@ class GenerationWorker:
             controller = self._controller()
             if self._batch is None:
                 self._batch = controller.new_batch(self.draft_depth)
-            with controller.lock:  # the router may run the model to place an unlabeled request
-                admission = controller.admit(
-                    self._batch, job.prompt, job.domain, max_new_tokens=job.max_tokens, temperature=job.temperature,  # type: ignore[arg-type]
-                    seed=job.seed, tag=job,
-                )
+            # On this thread, between steps: the router's forward for an unlabeled request
+            # never overlaps a step.
+            admission = controller.admit(
+                self._batch, job.prompt, job.domain, max_new_tokens=job.max_tokens, temperature=job.temperature,  # type: ignore[arg-type]
+                seed=job.seed, tag=job,
+            )
         except ValueError as e:  # the project's user errors (ContextLengthError...): the request's fault
             job.emit(Event("error", error=APIError(400, str(e), param=job.prompt_param)))
             return
