@@ -373,7 +373,7 @@ def test_sigterm_lets_a_running_request_finish_within_the_grace_period(tiny, tin
     c = tiny_controller(tiny, tiny_target, mapping_file)
     state = make_state(c, None, shutdown_grace=30.0)
     with running_server(state) as url:
-        lock = c._lock
+        lock = c.lock
         lock.acquire()
         try:
             s = _connect(url, _post("/v1/completions", {"prompt": "finish me", "max_tokens": 6, "stream": True}))

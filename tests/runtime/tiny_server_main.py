@@ -25,5 +25,6 @@ if __name__ == "__main__":
     tiny = load_model(ModelConfig(name="tiny", source="tiny", num_layers=16, seed=0))
     controller = tiny_controller(tiny, TargetModel(tiny.model, layers_path=tiny.config.layers_path), mapping)
     controller.eos_token_ids = ()
-    state = make_state(controller, None, port=port, max_queue=2, max_tokens_cap=1900, shutdown_grace=grace)
+    # One row in the batch: the other requests wait in the queue when the signal comes.
+    state = make_state(controller, None, port=port, max_queue=2, max_batch=1, max_tokens_cap=1900, shutdown_grace=grace)
     run_server(state, "info")
