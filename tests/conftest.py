@@ -44,6 +44,10 @@ MODEL_CACHE = REPO / "storage" / "models"
 SERVERS = {"postgresql": ("127.0.0.1", 5432), "mysql": ("127.0.0.1", 3306)}
 # CI sets it: a missing server there is a failure, not a skip.
 REQUIRE_SERVERS = os.environ.get("TSS_TEST_REQUIRE_SERVERS") == "1"
+# CI sets it too: tests marked llama_cpp (llama.cpp itself running our GGUF exports) fail
+# when llama-cpp-python is not installed, instead of skipping (it is the `llama` extra, which
+# builds llama.cpp from source: `pip install -e ".[cpu,dev,llama]"`, about 10 minutes once).
+REQUIRE_LLAMA = os.environ.get("TSS_TEST_REQUIRE_LLAMA") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,6 +64,17 @@ def server_up(kind: str) -> bool:
         return False
 
 
+@functools.cache
+def llama_cpp_missing() -> str | None:
+    """Why ``llama_cpp`` cannot be imported (not installed, or its llama.cpp library fails to
+    load), or ``None`` when it can (checked once per session)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def _servers_needed(item: pytest.Item) -> set[str]:
     """Servers a test needs: its ``servers`` marker, or a parametrization on one of them
     (``kind``/``storage_url`` params, as in tests/search/conftest.py)."""
@@ -71,6 +86,11 @@ def _servers_needed(item: pytest.Item) -> set[str]:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("llama_cpp") is not None and (problem := llama_cpp_missing()):
+        reason = f'llama-cpp-python cannot be imported ({problem}); pip install -e ".[llama]" (builds llama.cpp: ~10 min once)'
+        if REQUIRE_LLAMA:
+            pytest.fail(f"{reason}; TSS_TEST_REQUIRE_LLAMA=1 makes this a failure")
+        pytest.skip(reason)
     for kind in sorted(_servers_needed(item)):
         if not server_up(kind):
             host, port = SERVERS[kind]
@@ -124,3 +144,56 @@ def summarization_prompts(embedded: LoadedModel) -> list[torch.Tensor]:
         enc = embedded.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True, return_tensors="pt")
         out.append(enc["input_ids"][0])
     return out
+
+
+def write_tiny_gguf(path: Path, *, blocks: int = 4, cols: int = 64, extra_block: bool = False) -> Path:
+    """A small dense GGUF written with the ``gguf`` package's writer, the input of the GGUF
+    export's tests (the tiny random model has no GGUF of its own).
+
+    Block ``i``'s norm is filled with ``i`` and its ``attn_q`` is Q4_1 (dequantized on export),
+    so a test can tell which source block a renumbered block came from;
+    ``llama.attention.sliding_window_pattern`` is per layer (cut on export) and
+    ``llama.rope.dimension_sections`` is as long as the block count at 4 blocks but not per layer
+    (kept). ``output.weight`` has rows of 48 values, not whole Q8_0 blocks of 32 (F16 on a q8_0
+    export). ``extra_block`` adds a tensor of block ``blocks`` (an extra prediction block).
+    """
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(0)
+    writer = GGUFWriter(path, "llama")
+    writer.add_name("tiny test model")
+    writer.add_block_count(blocks)
+    writer.add_context_length(128)
+    writer.add_embedding_length(cols)
+    writer.add_head_count(4)
+    writer.add_file_type(3)  # MOSTLY_Q4_1, as the embedded model's file says
+    writer.add_array("llama.attention.sliding_window_pattern", [i % 2 == 0 for i in range(blocks)])
+    writer.add_array("llama.rope.dimension_sections", [1, 2, 3, 4])
+    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    writer.add_tensor("token_embd.weight", rng.standard_normal((16, cols), dtype=np.float32))
+    writer.add_tensor("output.weight", rng.standard_normal((16, 48), dtype=np.float32))
+    for i in range(blocks + int(extra_block)):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.full(cols, float(i), dtype=np.float32))
+        q = quantize(rng.standard_normal((cols, cols), dtype=np.float32) + i, GGMLQuantizationType.Q4_1)
+        writer.add_tensor(f"blk.{i}.attn_q.weight", q, raw_dtype=GGMLQuantizationType.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture
+def make_tiny_gguf(tmp_path: Path):
+    """``make_tiny_gguf(name, **kwargs)``: :func:`write_tiny_gguf` into the test's folder (a
+    fixture, because test modules cannot import this conftest by name reliably: every folder's
+    conftest.py is a module named ``conftest``)."""
+    return lambda name, **kwargs: write_tiny_gguf(tmp_path / name, **kwargs)
+
+
+@pytest.fixture
+def tiny_gguf(make_tiny_gguf) -> Path:
+    """A 4-block dense GGUF (:func:`write_tiny_gguf`) in the test's folder."""
+    return make_tiny_gguf("dense.gguf")

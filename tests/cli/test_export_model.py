@@ -93,6 +93,60 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, mapping, args, message):
     assert (tmp_path / "taken" / "keep.txt").read_text() == "x"  # never overwritten
 
 
+def test_gguf_export_writes_one_file_per_domain_with_its_card(tmp_path, mapping, tiny_gguf):
+    """format=gguf (issue 35): no model is loaded; the tiny model's dense GGUF comes from
+    gguf_source= (the library's tests check the file's content, test_gguf_llama.py runs it)."""
+    from gguf import GGUFReader
+
+    common = ["+model=tiny", "out=gguf", "format=gguf", f"gguf_source={tiny_gguf}", f"mapping_path={mapping}"]
+    res = run(tmp_path, *common, "+domain=qa")
+    assert res.returncode == 0, res.stderr
+    assert "gguf/tiny-qa.gguf: qa -> 3 of 4 layers (deleted: 1; scope all) from tiny-llama-4l-seed0" in res.stdout
+    assert "gguf/tiny-qa.md: model card (f32 tensors; run it with llama-cli -m gguf/tiny-qa.gguf)" in res.stdout
+    reader = GGUFReader(tmp_path / "gguf" / "tiny-qa.gguf")
+    assert reader.get_field("llama.block_count").contents() == 3
+    assert reader.get_field("tss.skip_set").contents() == [1]
+    # Another domain into the same folder, quantized; the first file is not touched.
+    res = run(tmp_path, *common, "+domain=summarization", "outtype=q8_0")
+    assert res.returncode == 0, res.stderr
+    assert "the file is the unchanged 4-layer model" in res.stdout and "(q8_0 tensors" in res.stdout
+    assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == [
+        "tiny-qa.gguf", "tiny-qa.md", "tiny-summarization.gguf", "tiny-summarization.md",
+    ]
+    # The same domain again: refused, nothing overwritten.
+    res = run(tmp_path, *common, "+domain=qa", "outtype=f16")
+    assert res.returncode == 2 and "tiny-qa.gguf exists; an export never overwrites files" in res.stderr
+    # A verify-scope entry: refused with the scope rule's line unless forced.
+    res = run(tmp_path, *common, "+domain=rag")
+    assert res.returncode == 2 and res.stderr.startswith("error: domain 'rag' was searched with scope=verify")
+    res = run(tmp_path, *common, "+domain=rag", "force=true")
+    assert res.returncode == 0 and "warning: force=true" in res.stdout and "this file skips" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["format=gguf"], "model 'tiny' (source=tiny) ships no GGUF file"),
+        (["format=gguf", "gguf_source=nope.gguf"], "gguf_source='nope.gguf' is not a file"),
+        (["outtype=q8_0"], "outtype=q8_0 applies to format=gguf only; add format=gguf"),
+        (["gguf_source=x.gguf"], "gguf_source=x.gguf applies to format=gguf only"),
+    ],
+)
+def test_gguf_bad_input_is_one_line_and_exit_2(tmp_path, mapping, args, message):
+    res = run(tmp_path, "+model=tiny", "+domain=qa", "out=o", f"mapping_path={mapping}", *args)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_format_or_outtype_fails_at_compose_time_with_the_options(tmp_path, mapping):
+    res = run(tmp_path, "+model=tiny", "+domain=qa", "out=o", "format=gguf", "outtype=q4", f"mapping_path={mapping}")
+    assert res.returncode != 0 and "Invalid value 'q4', expected one of [f32, f16, q8_0]" in res.stderr
+    res = run(tmp_path, "+model=tiny", "+domain=qa", "out=o", "format=ggml", f"mapping_path={mapping}")
+    assert res.returncode != 0 and "Invalid value 'ggml', expected one of [hf, gguf]" in res.stderr
+
+
 @pytest.mark.slow
 def test_embedded_model_export_equals_the_engine(tmp_path, embedded, summarization_prompts):
     """The real command on SmolLM2-135M: the exported 28-layer model's own greedy generate

@@ -7,7 +7,7 @@ from typing import Any
 
 from tss_opt.errors import TSSError
 
-__all__ = ["Cost", "Scope", "StrEnum", "Verification"]
+__all__ = ["Cost", "ExportFormat", "GGUFOutType", "Scope", "StrEnum", "Verification"]
 
 
 class StrEnum(str, Enum):
@@ -69,3 +69,21 @@ class Verification(StrEnum):
     exact = "exact"
     diversed = "diversed"
     cospec = "cospec"
+
+
+class ExportFormat(StrEnum):
+    """What ``python -m tss_opt.cli.export_model`` writes: ``hf`` (a Hugging Face checkpoint
+    folder) or ``gguf`` (one GGUF file for llama.cpp, Ollama, LM Studio; docs/mapping.md)."""
+
+    hf = "hf"
+    gguf = "gguf"
+
+
+class GGUFOutType(StrEnum):
+    """The tensor type of a GGUF export's matrices (1-D tensors, the norms, stay ``f32`` as in
+    llama.cpp's own converter): ``f32`` (the weights our engine runs, exactly), ``f16`` or
+    ``q8_0`` (8-bit blocks of 32 with one scale; llama.cpp's ``Q8_0``)."""
+
+    f32 = "f32"
+    f16 = "f16"
+    q8_0 = "q8_0"

@@ -12,7 +12,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from tss_opt.config.domain import DomainConfig
-from tss_opt.config.enums import Cost, Scope, Verification
+from tss_opt.config.enums import Cost, ExportFormat, GGUFOutType, Scope, Verification
 from tss_opt.config.model import ModelConfig
 from tss_opt.config.search import SearchSettings
 from tss_opt.config.serve import ServeSettings
@@ -122,9 +122,12 @@ class TSSConfig(ServeSettings):
     # evaluate
     json_out: str | None = None  # write the aggregate and per_prompt as JSON to this path
 
-    # export_model: the domain's sparse target as a Hugging Face checkpoint (docs/mapping.md)
-    out: str | None = None  # the checkpoint folder (new or empty)
+    # export_model: the domain's sparse target as a Hugging Face checkpoint or a GGUF file (docs/mapping.md)
+    out: str | None = None  # format=hf: the checkpoint folder (new or empty); format=gguf: the folder of <model>-<domain>.gguf
     force: bool = False  # export an entry searched with scope=verify anyway (it then differs from the served target)
+    format: ExportFormat = ExportFormat.hf  # hf (a checkpoint folder) or gguf (one file for llama.cpp / Ollama)
+    outtype: GGUFOutType | None = None  # format=gguf: f32 (default), f16 or q8_0
+    gguf_source: str | None = None  # format=gguf: the dense GGUF to cut (default: the embedded model's own file)
 
     # launch: one local worker per listed device
     devices: list[str] = field(default_factory=list)

@@ -44,6 +44,7 @@ __all__ = [
     "delete_layers",
     "entry_to_export",
     "export_domain_checkpoint",
+    "export_info",
     "save_checkpoint",
 ]
 
@@ -299,16 +300,34 @@ def export_domain_checkpoint(
         forced=bool(force and entry.scope != "all" and entry.skip_set),
         dense=not entry.skip_set,
     )
+    save_checkpoint(model, tokenizer, out, export_info(summary, entry, kept, mapping))
+    return summary
+
+
+def export_info(summary: ExportSummary, entry: MappingEntry, kept: list[int], mapping: DomainMapping) -> dict[str, Any]:
+    """The provenance record of an export (``tss_export.json``; a GGUF's ``tss.export``).
+
+    Args:
+        summary: What was exported (its ``out`` is left out: the record travels with the files).
+        entry: The mapping entry exported.
+        kept: The kept layers' source indices (new layer ``j`` was source layer ``kept[j]``).
+        mapping: The mapping file it came from.
+    """
     info = {
         **summary.to_dict(),
-        "kept_layers": kept,  # new layer j was source layer kept[j]
+        "kept_layers": list(kept),  # new layer j was source layer kept[j]
         "verification": entry.verification,
         "accept_length": entry.accept_length,
         "metric": entry.metric,
         "metric_name": entry.metric_name,
+        "cost": entry.cost,
+        "sparsity": entry.sparsity,
+        "baseline": dict(entry.baseline),  # the dense run's figures, side by side
+        "drafter": entry.drafter,
+        "selection": entry.selection,
+        "split": entry.split,
         "mapping": str(mapping.path) if mapping.path else None,
         "study": dict(entry.study),
     }
     info.pop("out")
-    save_checkpoint(model, tokenizer, out, info)
-    return summary
+    return info

@@ -1,0 +1,225 @@
+"""llama.cpp on the dense and the sparse GGUF of the embedded model, beside our engine (issue 35).
+
+    python benchmarks/gguf_speed.py                        # the run in docs/results/gguf_speed.txt
+    python benchmarks/gguf_speed.py --prompts 2 --max-new-tokens 32 --outtypes f32
+
+Exports the embedded SmolLM2-135M twice per ``--outtypes`` entry with ``export_domain_gguf``
+(the library of ``export_model format=gguf``): the dense model (empty skip set) and the sparse
+target with ``--skip`` deleted (an entry of scope ``all``, written to a temporary mapping).
+Then, on held-out prompts of ``--domain``, in one process and interleaved per prompt with a
+rotating order (machine drift hits every arm alike): llama.cpp (llama-cpp-python, greedy
+sampler) on each file, and our engine's plain greedy decoding (no drafter) of the dense model
+and of the skip set in scope ``all``, all on ``--threads`` threads. On the first outtype's files,
+speculative decoding on llama.cpp too: llama-cpp-python's prompt lookup drafter
+(``LlamaPromptLookupDecoding``, ``--lookup`` tokens; llama.cpp verifies each draft in one batch). Every arm generates exactly
+``--max-new-tokens`` tokens (end-of-sequence does not stop it, so each arm does the same work).
+Decoding tokens/s is the tokens after the first over the time after the first (the prompt's
+processing, which ends with the first token, is timed apart: held-out summarization prompts
+are 600-1500 tokens long, and their processing would hide the decoding speed).
+
+Columns: decoding tokens/s median over prompts; its ratio to the same engine's dense arm
+(median of the per-prompt ratios: does the layer skipping show as speed?) and to our engine
+on the same target; prompt processing seconds (median) and its ratio to the same engine's
+dense arm; prompts whose tokens equal our engine's on the same target, and (in brackets) the
+new tokens before each prompt's first divergence over all new tokens (f32 should equal; f16
+and q8_0 round the weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from tss_opt.config import config_dir  # noqa: E402
+from tss_opt.decoding.engine import SpeculativeEngine  # noqa: E402
+from tss_opt.decoding.target import TargetModel  # noqa: E402
+from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
+from tss_opt.mapping import MappingEntry, load_mapping, write_entry  # noqa: E402
+from tss_opt.mapping.gguf_export import export_domain_gguf, source_gguf_path  # noqa: E402
+from tss_opt.models import ModelConfig, load_model, model_id_for  # noqa: E402
+
+
+@dataclass
+class Arm:
+    """One benchmarked way to decode and what it measured.
+
+    Attributes:
+        label: The table's row name.
+        engine: ``llama.cpp`` or ``ours``.
+        target: ``dense`` or the skip set, as the table shows it.
+        run: Decodes ``(prompt ids, n)`` into exactly ``n`` tokens; returns them with the
+            seconds to the first token (prompt processing) and to the last.
+        tps: Per prompt, decoding tokens/s (after the first token).
+        prefill: Per prompt, seconds to the first token.
+        tokens: Per prompt, the tokens.
+    """
+
+    label: str
+    engine: str
+    target: str
+    run: Callable[[list[int], int], Run]
+    tps: list[float] = field(default_factory=list)
+    prefill: list[float] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)
+
+
+Run = tuple[list[int], float, float]  # tokens, seconds to the first, seconds to the last
+
+
+def llama_run(path: str, threads: int, n_ctx: int, lookup: int = 0) -> Callable[[list[int], int], Run]:
+    """llama.cpp's greedy decoding of ``path``; ``lookup`` > 0 adds llama-cpp-python's prompt
+    lookup drafter (that many tokens; llama.cpp verifies the drafts in one batch)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
+    # A drafter needs every position's logits; llama-cpp-python sizes its logits buffer from the
+    # logits_all argument (not from the drafter), so it is passed explicitly.
+    llm = Llama(
+        model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0,
+        draft_model=draft, logits_all=draft is not None,
+    )
+
+    def run(ids: list[int], n: int) -> Run:
+        llm.reset()  # no prefix reuse between prompts or arms
+        out: list[int] = []
+        t0 = time.perf_counter()
+        first = 0.0
+        for token in llm.generate(ids, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            first = first or time.perf_counter() - t0
+            if len(out) == n:
+                break
+        return out, first, time.perf_counter() - t0
+
+    return run
+
+
+def engine_run(model: torch.nn.Module, skip: tuple[int, ...]) -> Callable[[list[int], int], Run]:
+    engine = SpeculativeEngine(TargetModel(model))  # no drafter, no end-of-sequence: plain greedy, n tokens
+
+    def run(ids: list[int], n: int) -> Run:
+        t0 = time.perf_counter()
+        first: list[float] = []
+
+        def on_step(_tokens: torch.Tensor) -> None:  # first called after the prefill's token
+            if not first:
+                first.append(time.perf_counter() - t0)
+
+        res = engine.generate(torch.tensor(ids), max_new_tokens=n, skip=skip, scope="all", on_step=on_step)
+        return res.tokens.tolist(), first[0], time.perf_counter() - t0
+
+    return run
+
+
+def median_ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--skip", default="3,14", help="layers deleted in the sparse GGUF (default: mmlu's mapped set)")
+    ap.add_argument("--domain", default="summarization", help="prompts: this domain's held-out split")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--outtypes", default="f32,q8_0", help="GGUF tensor types, each exported dense and sparse")
+    ap.add_argument("--threads", type=int, default=1, help="llama.cpp and torch threads")
+    ap.add_argument("--lookup", type=int, default=10,
+                    help="draft tokens of the prompt-lookup arms on the first outtype's files (0: none)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    skip = tuple(int(s) for s in args.skip.split(",") if s.strip())
+    outtypes = [t.strip() for t in args.outtypes.split(",") if t.strip()]
+
+    t_run = time.perf_counter()
+    mc = ModelConfig(cache_dir=str(REPO / "storage" / "models"))
+    loaded = load_model(mc)
+    tok = loaded.tokenizer
+    model_id = model_id_for(mc)
+    domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{args.domain}.yaml"))
+    prompts = [format_prompt(tok, ex, domain.config.system_prompt).tolist() for ex in domain.split("heldout")[: args.prompts]]
+
+    n_ctx = max(len(p) for p in prompts) + args.max_new_tokens + args.lookup + 16
+    work = Path(tempfile.mkdtemp(prefix="tss_gguf_speed_"))
+    base = MappingEntry(
+        domain="dense", skip_set=(), accept_length=1.0, metric=0.0, metric_name="none", cost=1.0, sparsity=0.0,
+        baseline={"accept_length": 1.0, "metric": 0.0, "cost": 1.0}, model=model_id, num_layers=mc.num_layers,
+        drafter=None, study={"name": "benchmark", "storage": "none"}, selection="min_cost", scope="all",
+    )
+    write_entry(work / "mapping.yaml", base)
+    write_entry(work / "mapping.yaml", replace(base, domain="sparse", skip_set=skip, sparsity=len(skip) / mc.num_layers))
+    mapping = load_mapping(work / "mapping.yaml")
+    source = source_gguf_path(mc)
+    sparse_label = str(list(skip))
+    arms: list[Arm] = []
+    for outtype in outtypes:
+        for name, label in (("dense", "dense"), ("sparse", sparse_label)):
+            t0 = time.perf_counter()
+            summary = export_domain_gguf(
+                source, mapping, name, work / outtype, model_name=mc.name, model_id=model_id,
+                num_layers=mc.num_layers, outtype=outtype,
+            )
+            size = Path(summary.out).stat().st_size / 2**20
+            print(f"exported {label} {outtype}: {summary.layers} blocks, {size:.0f} MiB in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+            arms.append(Arm(f"llama.cpp {outtype} GGUF", "llama.cpp", label, llama_run(summary.out, args.threads, n_ctx)))
+            if outtype == outtypes[0] and args.lookup:
+                arms.append(Arm(
+                    f"llama.cpp {outtype} GGUF + prompt lookup ({args.lookup})", "llama.cpp", label,
+                    llama_run(summary.out, args.threads, n_ctx, args.lookup),
+                ))
+    arms.append(Arm("ours: plain decoding (float32)", "ours", "dense", engine_run(loaded.model, ())))
+    arms.append(Arm("ours: plain decoding (float32)", "ours", sparse_label, engine_run(loaded.model, skip)))
+
+    for a in arms:  # warm-up: first-call allocations and kernel selection out of the timings
+        a.run(prompts[0][:32], 4)
+    for i, ids in enumerate(prompts):
+        for a in arms[i % len(arms):] + arms[: i % len(arms)]:
+            out, first, total = a.run(ids, args.max_new_tokens)
+            a.tps.append((len(out) - 1) / (total - first))
+            a.prefill.append(first)
+            a.tokens.append(out)
+        print(f"prompt {i + 1}/{len(prompts)} ({len(ids)} tokens) done", flush=True)
+
+    ours = {a.target: a for a in arms if a.engine == "ours"}
+    dense_of = {(a.label, a.engine): a for a in arms if a.target == "dense"}
+    print(
+        f"\n## {mc.name} ({model_id}), {args.domain} held-out prompts: {len(prompts)} x {args.max_new_tokens} new tokens, "
+        f"{args.threads} thread(s); sparse = layers {sparse_label} deleted ({mc.num_layers - len(skip)} of "
+        f"{mc.num_layers}), scope all\n"
+    )
+    print("| engine / file | target | decoding tok/s median | ratio to its dense | ratio to ours, same target | "
+          "prompt s median | prompt time ratio to its dense | same tokens as ours, same target |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for a in arms:
+        dense = dense_of[(a.label, a.engine)]
+        mine = ours[a.target]
+        same = sum(x == y for x, y in zip(a.tokens, mine.tokens))
+        # New tokens equal to ours before each prompt's first divergence, over all new tokens.
+        prefix = sum(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(y)) for x, y in zip(a.tokens, mine.tokens))
+        total = sum(len(y) for y in mine.tokens)
+        print(
+            f"| {a.label} | {a.target} | {statistics.median(a.tps):.1f} | {median_ratio(a.tps, dense.tps):.3f} | "
+            f"{median_ratio(a.tps, mine.tps):.3f} | {statistics.median(a.prefill):.2f} | "
+            f"{median_ratio(a.prefill, dense.prefill):.3f} | {same}/{len(prompts)} ({prefix}/{total} tokens) |"
+        )
+    print(f"\nprompt lengths {[len(p) for p in prompts]}; wall time {time.perf_counter() - t_run:.0f} s")
+    shutil.rmtree(work)  # the GGUF files (hundreds of MiB each)
+
+
+if __name__ == "__main__":
+    main()
