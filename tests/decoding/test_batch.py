@@ -120,6 +120,14 @@ def test_a_dropped_row_leaves_and_the_others_are_unchanged(target):
     assert 0 < len(cut) < len(want[1]) and torch.equal(cut, want[1][: len(cut)])
 
 
+def test_a_row_dropped_before_its_first_step_answers_with_no_tokens(target):
+    batch = BatchEngine(target)
+    row = batch.admit(_prompts(1)[0], max_new_tokens=5)
+    batch.drop(row)
+    res = row.result()
+    assert res.tokens.numel() == 0 and res.stats.new_tokens == 0 and batch.step() == []
+
+
 def test_admission_refuses_bad_requests_with_the_fix(target):
     batch = BatchEngine(target)
     with pytest.raises(ValueError, match="max_new_tokens=0"):

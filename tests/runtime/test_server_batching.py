@@ -161,3 +161,22 @@ def test_metrics_and_health_show_the_batch(server, client):
     assert 'tss_batch_rows{skip_set="1"} 1.0' in seen[0] and 'tss_batch_rows{skip_set="2,3"} 1.0' in seen[0]
     health = httpx.get(url + "/health").json()
     assert health["max_batch"] == 8 and health["batch_size"] == 0
+
+
+def test_a_failed_step_answers_its_requests_500_and_the_server_goes_on(server, client, monkeypatch):
+    from tss_opt.decoding import batch as batch_mod
+
+    real = batch_mod.BatchEngine.step
+    calls = {"n": 0}
+
+    def failing_once(self):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault in a batched step")
+        return real(self)
+
+    monkeypatch.setattr(batch_mod.BatchEngine, "step", failing_once)
+    with pytest.raises(openai.InternalServerError):
+        _ask(client, 3, max_tokens=4)
+    ok = _ask(client, 3, max_tokens=4)
+    assert ok.usage.completion_tokens == 4

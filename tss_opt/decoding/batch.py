@@ -34,9 +34,10 @@ import torch
 
 from tss_opt.decoding.batch_budget import DepthPolicy, RowOdds
 from tss_opt.decoding.drafter import Drafter
-from tss_opt.decoding.engine import SCOPES, GenerationResult, SpeculativeEngine, _Request
+from tss_opt.decoding.engine import GenerationResult, SpeculativeEngine, _Request, checked_request
 from tss_opt.decoding.ragged import RaggedRow, ragged_forward
 from tss_opt.decoding.skip import validate_skip
+from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.decoding.verify.relaxed import Verifier
@@ -102,10 +103,14 @@ class Row:
         )
 
     def result(self) -> GenerationResult:
-        """The request's tokens and statistics (``total_s``: admission to now)."""
-        assert self.state is not None, "the row never ran"
-        stats = self.state.stats
-        stats.new_tokens = self.state.n_out
+        """The request's tokens and statistics (``total_s``: admission to now); a row dropped
+        before its first step has no tokens."""
+        if self.state is None:
+            stats = DecodeStats(prompt_tokens=int(self.prompt.numel()), num_layers=self.engine.target.num_layers,
+                                skipped_layers=len(self.skip), verification=self.engine.verifier.describe())
+        else:
+            stats = self.state.stats
+            stats.new_tokens = self.state.n_out
         stats.total_s = time.perf_counter() - self.admitted_at
         return GenerationResult(tokens=self.tokens.clone(), stats=stats)
 
@@ -173,14 +178,7 @@ class BatchEngine:
             ContextLengthError: the prompt and ``max_new_tokens`` exceed the context.
             SkipError: a skip set out of the model's range.
         """
-        if scope not in SCOPES:
-            raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens}; expected a positive integer")
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()
-        if prompt.numel() == 0:
-            raise ValueError("the prompt is empty; give at least one token")
-        self.target.check_fits(int(prompt.numel()), max_new_tokens)
+        prompt = checked_request(self.target, prompt_ids, max_new_tokens, scope)
         if isinstance(verification, Verifier) and verification.lossy:
             verification = copy.deepcopy(verification)  # its policies keep per-request state
         engine = SpeculativeEngine(self.target, drafter, eos_token_ids=eos_token_ids, verification=verification)

@@ -86,6 +86,25 @@ class _Request:
         return self.seq[: len(self.prompt) + self.n_out]
 
 
+def checked_request(target: TargetModel, prompt_ids: torch.Tensor | Sequence[int], max_new_tokens: int, scope: str) -> torch.Tensor:
+    """A request's prompt as ``torch.LongTensor`` of shape ``(P,)`` on the host, after the
+    checks every way of decoding makes (one request alone, or a row of a batch).
+
+    Raises:
+        ValueError: an unknown scope, ``max_new_tokens`` < 1 or an empty prompt.
+        ContextLengthError: the prompt and ``max_new_tokens`` exceed the model's context.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}; expected a positive integer")
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty; give at least one token")
+    target.check_fits(int(prompt.numel()), max_new_tokens)
+    return prompt
+
+
 class SpeculativeEngine:
     """Generates with a drafter and a target that may bypass a skip set.
 
@@ -149,14 +168,7 @@ class SpeculativeEngine:
                 True the request ends there. It only observes: the tokens committed until then
                 are those of a run without it (streaming, cancellation, stop strings).
         """
-        if scope not in SCOPES:
-            raise ValueError(f"scope={scope!r} is not a skip scope; expected one of {', '.join(SCOPES)}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens}; expected a positive integer")
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()
-        if prompt.numel() == 0:
-            raise ValueError("the prompt is empty; give at least one token")
-        self.target.check_fits(int(prompt.numel()), max_new_tokens)
+        prompt = checked_request(self.target, prompt_ids, max_new_tokens, scope)
         skip_set = frozenset(int(i) for i in skip)
         t_start = time.perf_counter()
         req = self.prefill(prompt, max_new_tokens, skip_set, scope, temperature, seed, prefill)

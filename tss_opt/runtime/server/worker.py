@@ -223,25 +223,35 @@ class GenerationWorker:
     # --------------------------------------------------------------------------- the thread
     def _run(self) -> None:
         while True:
-            if not self._running:  # idle: wait for work
-                job = self._queue.get()
-                if job is None:
+            try:
+                if not self._cycle():
                     return
-                self._admit(job)
-            while len(self._running) < self.max_batch:  # room: the waiting join now
-                try:
-                    job = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:
-                    self._cancel_all()
-                    return
-                self._admit(job)
-            for row, r in list(self._running.items()):  # clients that went away leave at once
-                if r.job.cancelled.is_set():
-                    self._leave(row, r)
-            if self._running:
-                self._step()
+            except Exception as e:  # the scheduler outlives every request: fail the batch, go on
+                log.exception("the scheduler failed; its %d running requests answer 500", len(self._running))
+                self._fail_all(e)
+
+    def _cycle(self) -> bool:
+        """Admit, take out the cancelled, step once. False when told to stop."""
+        if not self._running:  # idle: wait for work
+            job = self._queue.get()
+            if job is None:
+                return False
+            self._admit(job)
+        while len(self._running) < self.max_batch:  # room: the waiting join now
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._cancel_all()
+                return False
+            self._admit(job)
+        for row, r in list(self._running.items()):  # clients that went away leave at once
+            if r.job.cancelled.is_set():
+                self._leave(row, r)
+        if self._running:
+            self._step()
+        return True
 
     def _admit(self, job: Job) -> None:
         if job.cancelled.is_set():
@@ -277,10 +287,7 @@ class GenerationWorker:
                 steps = self._batch.step()
         except Exception as e:  # a failed forward fails the rows in it, not the server
             log.exception("a batched step failed; its %d requests answer 500", len(self._running))
-            for row, r in list(self._running.items()):
-                self._batch.drop(row)
-                del self._running[row]
-                r.job.emit(Event("error", error=e))
+            self._fail_all(e)
             return
         self.steps += 1
         for s in steps:
@@ -308,6 +315,13 @@ class GenerationWorker:
             job.emit(Event("cancelled", result=res))
             return
         job.emit(Event("done", result=res))
+
+    def _fail_all(self, error: BaseException) -> None:
+        for row, r in list(self._running.items()):
+            if self._batch is not None:
+                self._batch.drop(row)
+            del self._running[row]
+            r.job.emit(Event("error", error=error))
 
     def _cancel_all(self) -> None:
         for row, r in list(self._running.items()):
