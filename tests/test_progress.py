@@ -103,3 +103,41 @@ def test_console_log_lines_go_above_the_bars_with_their_filters(monkeypatch: pyt
     finally:
         logger.removeHandler(handler)
         logger.propagate = True
+
+
+def test_library_bars_are_off_without_a_terminal_and_kept_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers and huggingface_hub draw their own bars into a log file (GGUF conversion,
+    "Loading weights"); a model load turns them off there, never on a terminal."""
+    import transformers.utils.logging as tl
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+
+    from tss_opt.progress import quiet_library_bars
+
+    try:
+        monkeypatch.setattr(sys, "stderr", FakeTTY())
+        quiet_library_bars()
+        assert tl.is_progress_bar_enabled() and not are_progress_bars_disabled()
+        monkeypatch.setattr(sys, "stderr", io.StringIO())
+        quiet_library_bars()
+        assert not tl.is_progress_bar_enabled() and are_progress_bars_disabled()
+    finally:
+        tl.enable_progress_bar()
+        enable_progress_bars()
+
+
+def test_a_librarys_unswitchable_bar_is_dropped_off_a_terminal_and_its_other_output_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tqdm import tqdm
+
+    from tss_opt.progress import held_library_bars
+
+    for stream in (io.StringIO(), FakeTTY()):
+        monkeypatch.setattr(sys, "stderr", stream)
+        with held_library_bars():
+            for _ in tqdm(range(300), desc="Converting and de-quantizing GGUF tensors...", mininterval=0):
+                pass
+            print("a warning the library printed", file=sys.stderr)
+        text = stream.getvalue()
+        assert "a warning the library printed" in text
+        assert ("Converting" in text) is isinstance(stream, FakeTTY)

@@ -12,7 +12,8 @@ the held-out report per domain, training, the benchmarks) **only when it can be 
   handlers keep their format, level and filters (the storage-password filter among them);
   file handlers (Hydra's run log) are untouched.
 
-Without a terminal the same information is in the log lines (one per trial and per level at
+Without a terminal the libraries' own bars (transformers, huggingface_hub) are turned off too
+(:func:`quiet_library_bars`, called when a model loads), and the same information is in the log lines (one per trial and per level at
 INFO, see :mod:`tss_opt.search.progress`), so nothing is lost in a CI log.
 
 Prompt-level progress: a caller opens :func:`prompt_bar` around an evaluation, and the
@@ -23,8 +24,10 @@ that call does nothing, so evaluators need not know who watches them.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -32,7 +35,15 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm
 
-__all__ = ["bars_and_logs", "bars_shown", "progress_bar", "prompt_bar", "prompts_done"]
+__all__ = [
+    "bars_and_logs",
+    "bars_shown",
+    "held_library_bars",
+    "progress_bar",
+    "prompt_bar",
+    "prompts_done",
+    "quiet_library_bars",
+]
 
 # Values of TQDM_DISABLE that leave bars on (tqdm reads the variable as a bool; an empty or
 # "0"/"false" value means "not disabled").
@@ -127,6 +138,43 @@ def bars_and_logs() -> Iterator[None]:
     finally:
         for lg, handlers in saved:
             lg.handlers = handlers
+
+
+def quiet_library_bars() -> None:
+    """Where bars are not drawn, turn off the libraries' own: transformers' (GGUF conversion,
+    "Loading weights", "Writing model shards") and huggingface_hub's downloads draw theirs into
+    a log file too, one carriage-return line each (seen in the README command's captured output).
+    On a terminal they stay."""
+    if bars_shown():
+        return
+    import transformers.utils.logging as transformers_logging
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+
+
+# One redraw of a tqdm bar in its default format: "desc:  23%|██▎       | 63/272 [00:01<...".
+_BAR_REDRAW = re.compile(r"\d+%\|.*\| *[\d.]+[kMG]?/[\d.?]+[kMG]? \[")
+
+
+@contextlib.contextmanager
+def held_library_bars() -> Iterator[None]:
+    """For a library call that draws a tqdm bar without a switch (transformers' GGUF reader):
+    off a terminal, what the block writes to ``sys.stderr`` is held and written back without
+    the bar's redraws; on a terminal nothing changes."""
+    if bars_shown():
+        yield
+        return
+    real, held = sys.stderr, io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        for line in re.split(r"[\r\n]+", held.getvalue()):
+            if line.strip() and not _BAR_REDRAW.search(line):
+                real.write(line + "\n")
+        real.flush()
 
 
 _PROMPT_BAR: ContextVar[tqdm | None] = ContextVar("tss_opt_prompt_bar", default=None)

@@ -158,7 +158,7 @@ class Worker:
 
     def _evaluate(self, trial: optuna.Trial) -> tuple[float, float, float]:
         config = self._prepare(trial)
-        with self.guard.interruptible(), self._prompt_bar(f"trial #{trial.number} {_fmt(config)}", 1):
+        with self.guard.interruptible(), self._prompt_bar(f"trial #{trial.number} skip {_fmt(config)}", 1):
             ev = self._evaluate_skip_set(config)
         return self._finish(trial, (config, ev))
 
@@ -185,7 +185,7 @@ class Worker:
         call = group_call(self.evaluator)
         assert call is not None, "group_size > 1 only with an evaluator that groups"
         runs = [self._chunked_run(c) for c in configs]
-        desc = f"{len(configs)} trials " + " ".join(_fmt(c) for c in configs)
+        desc = "skip " + " ".join(_fmt(c) for c in configs)
         with self.guard.interruptible(), self._prompt_bar(desc, len(configs)):
             evs = evaluate_skip_sets(call, runs)
         return list(zip(configs, evs, strict=True))
