@@ -27,6 +27,7 @@ from tss_opt.decoding.drafters import build_drafter
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.prefill import dense_prefill
 from tss_opt.evaluation.domains import Domain, format_prompt, load_domain
+from tss_opt.progress import progress_bar
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,6 +110,8 @@ def measure_domain(
     for m in methods:
         m.drafter = build_drafter(m.drafter_cfg, target, rt.loaded) if m.drafter_cfg else None
     t_dom = time.perf_counter()
+    # A bar on a terminal only (stderr): the tables on stdout stay clean when redirected.
+    bar = progress_bar(len(examples), dom_name, unit="prompt", leave=False)
     for i, ex in enumerate(examples):
         ids = format_prompt(tok, ex, domain.config.system_prompt)
         pre = dense_prefill(target, ids)
@@ -126,7 +129,8 @@ def measure_domain(
             outs[id(m)] = res.tokens.tolist()
         for m in methods:
             m.same.append(outs[id(m)] == outs[id(plain_reference(methods, m))])
-        print(f"  [{dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done", flush=True)
+        bar.update(1)
+    bar.close()
     return time.perf_counter() - t_dom
 
 

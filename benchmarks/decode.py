@@ -58,6 +58,7 @@ from tss_opt.decoding.tree_sizing import (  # noqa: E402
     save_profile,
 )
 from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
+from tss_opt.progress import progress_bar  # noqa: E402
 
 # The arms with a drafter: key -> (label, drafter config). "_auto" = sized to the hardware
 # (the shipped defaults), the others pin the classic fixed sizes.
@@ -268,6 +269,7 @@ def main() -> None:
                 if not any(a.key == f"plain@skip{list(sk)}" for a in arms):
                     arms.append(Arm(f"plain@skip{list(sk)}", "ours: plain decoding", engine_run(target, None, eos, sk), sk))
             t_dom = time.perf_counter()
+            bar = progress_bar(len(examples), f"{dtype} {dom_name}", unit="prompt", leave=False)  # terminal only
             for i, ex in enumerate(examples):
                 ids = format_prompt(tok, ex, domain.config.system_prompt)
                 order = arms[i % len(arms):] + arms[: i % len(arms)]
@@ -286,8 +288,8 @@ def main() -> None:
                     a.ratio.append(tps / outs["hf_greedy"][1])
                     if "hf_pld" in outs:
                         a.ratio_pld.append(tps / outs["hf_pld"][1])
-                print(f"  [{dtype} {dom_name}] prompt {i + 1}/{len(examples)} ({len(ids)} tokens) done "
-                      f"({time.perf_counter() - t_dom:.0f} s)", flush=True)
+                bar.update(1)
+            bar.close()
             print(f"\n### {dom_name}, {dtype}, {len(examples)} prompts x {args.max_new_tokens} new tokens "
                   f"({time.perf_counter() - t_dom:.0f} s)")
             for n in notes:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from tss_opt.assembly import assemble, compose_config, require_domain  # noqa: E402
 from tss_opt.decoding.drafters import PromptLookupDrafter  # noqa: E402
 from tss_opt.evaluation.replay import ReplayEvaluator  # noqa: E402
+from tss_opt.progress import progress_bar  # noqa: E402
 
 # Single-layer skips across the CPU preset's allowed range (early_barrier 2, latter_barrier 1).
 SKIPS = tuple(frozenset({i}) for i in (2, 6, 10, 14, 18, 21, 25, 27))
@@ -75,12 +76,15 @@ def main() -> None:
     arms = {"per-trial": per_trial, **{f"group={g}": grouped(g) for g in groups}}
     times: dict[str, list[float]] = {k: [] for k in arms}
     results: dict[str, list] = {}
+    bar = progress_bar(args.repeats * len(arms), "rounds", unit="arm")  # terminal only (stderr)
     for rep in range(args.repeats):
         for name, arm in arms.items():
             t0 = time.perf_counter()
             results[name] = arm()
             times[name].append((time.perf_counter() - t0) / len(skips))
-            print(f"# round {rep + 1} {name}: {times[name][-1]:.2f} s/trial", file=sys.stderr, flush=True)
+            bar.write(f"# round {rep + 1} {name}: {times[name][-1]:.2f} s/trial", file=sys.stderr)
+            bar.update(1)
+    bar.close()
     base = results["per-trial"]
     t_base = statistics.median(times["per-trial"])
     n = len(skips) * len(ex)

@@ -29,6 +29,7 @@ from tss_opt.assembly import assemble, compose_config, require_domain  # noqa: E
 from tss_opt.decoding.drafters import PromptLookupDrafter  # noqa: E402
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator  # noqa: E402
 from tss_opt.evaluation.replay import ReplayEvaluator  # noqa: E402
+from tss_opt.progress import progress_bar  # noqa: E402
 
 SKIPS = (frozenset(), frozenset({6, 21, 25}))  # dense, and layers FACTS.md found harmless
 
@@ -49,17 +50,21 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
             rt.target, rt.loaded.tokenizer, factory, ex, dom.metric, batch_size=b, **common
         )
     lines = []
+    # One unit per evaluation (warm-up included); drawn on a terminal only (stderr).
+    bar = progress_bar(len(SKIPS) * len(evs) * (args.repeats + 1), f"{dtype} evaluations", unit="run")
     for skip in SKIPS:
         times: dict[str, list[float]] = {k: [] for k in evs}
         results = {}
         for name, ev in evs.items():
-            print(f"# {dtype} skip {sorted(skip)}: warm-up {name}", file=sys.stderr, flush=True)
+            bar.set_postfix_str(f"skip {sorted(skip)}: warm-up {name}")
             ev.evaluate(skip)  # warm-up: caches the dense prefills, first-call overheads
+            bar.update(1)
         for _ in range(args.repeats):
             for name, ev in evs.items():
                 t0 = time.perf_counter()
                 results[name] = ev.evaluate(skip)
                 times[name].append(time.perf_counter() - t0)
+                bar.update(1)
         eng = results["engine"]
         t_eng = statistics.median(times["engine"])
         for name in evs:
@@ -71,7 +76,8 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
                 f"| {dtype} | {sorted(skip)} | {name} | {t:.2f} | {t_eng / t:.2f}x | {r.accept_length:.3f} | "
                 f"{same_tok}/{len(ex)} | {same_a}/{len(ex)} |"
             )
-            print(lines[-1], flush=True)
+            bar.write(lines[-1])  # above the bar on a terminal; a plain line elsewhere
+    bar.close()
     return lines
 
 

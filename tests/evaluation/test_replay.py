@@ -224,3 +224,15 @@ def test_embedded_float32_replay_equals_engine(embedded):
             assert margin < 1e-3, (
                 f"prompt {pe.id} (skip {sorted(skip)}) differs at token {k} with a top-2 logit margin of {margin}"
             )
+
+
+def test_a_replay_labels_its_figures_and_reports_no_decoding_speed(tiny64, qa):
+    """Issue 36: the replay's throughput is not a decoding speed, so its answer (what the search
+    stores as trial attributes, the dashboard's columns) has no ``tokens_per_s``; the engine's has."""
+    engine, replay = _pair(tiny64, qa, lambda: PromptLookupDrafter(num_tokens=5), "verify", n=2)
+    e, r = engine(frozenset({1})), replay(frozenset({1}))
+    assert (e["evaluator"], r["evaluator"]) == ("engine", "replay")
+    assert e["tokens_per_s"] > 0 and "replay_tokens_per_s" not in e
+    assert "tokens_per_s" not in r and r["replay_tokens_per_s"] > 0
+    assert e["cost_kind"] == r["cost_kind"] == "analytic"
+    assert replay.call_group([frozenset(), frozenset({2})])[1]["evaluator"] == "replay"

@@ -48,7 +48,7 @@ def mapping(tmp_path_factory):
 
 
 def test_report_command_writes_everything_and_shows_progress(mapping, tmp_path, capsys, caplog):
-    caplog.set_level(logging.INFO, logger="tss_opt")
+    caplog.set_level(logging.DEBUG, logger="tss_opt")
     _, _, path = mapping
     out = tmp_path / "report"
     rep = report(make_cfg(f"mapping_path={path}", f"report_dir={out}"))
@@ -60,10 +60,12 @@ def test_report_command_writes_everything_and_shows_progress(mapping, tmp_path, 
     data = json.loads((out / "heldout.json").read_text())
     assert [r["method"] for r in data["rows"]] == ["Native", "TSS"]
     assert data["rows"][1]["skip_set"] == list(rep.domains[0].entry["skip_set"])
-    msgs = [r.getMessage() for r in caplog.records]
+    msgs = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert any(m.startswith("domain 1/1: qa, 2 held-out prompts") for m in msgs)
-    assert sum("[qa " in m and "native A=" in m for m in msgs) == 2  # one line per prompt
     assert any(m.startswith("domain qa done") for m in msgs)
+    # Per prompt: one line each, at DEBUG (issue 36: INFO keeps one line per domain).
+    per_prompt = [r for r in caplog.records if "[qa " in r.getMessage() and "native A=" in r.getMessage()]
+    assert len(per_prompt) == 2 and {r.levelno for r in per_prompt} == {logging.DEBUG}
 
 
 def test_storage_override_finds_a_moved_study(mapping, tmp_path):

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from tss_opt.config import config_dir, register_configs
 from tss_opt.errors import TSSError
+from tss_opt.progress import bars_and_logs
 from tss_opt.storage.url import install_secret_filter, mask_secrets
 
 log = logging.getLogger("tss_opt")
@@ -42,7 +43,9 @@ def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
     def _app(cfg: DictConfig) -> None:
         setup(cfg)
         try:
-            task(cfg)
+            # On a terminal, log lines are printed above the progress bars (tss_opt.progress).
+            with bars_and_logs():
+                task(cfg)
         except KeyboardInterrupt:
             _exit_interrupted()
         except (TSSError, ValueError, FileNotFoundError, KeyError) as e:

@@ -24,6 +24,7 @@ from tss_opt.assembly import (
 from tss_opt.cli.common import hydra_entry
 from tss_opt.evaluation.evaluator import EvalResult
 from tss_opt.evaluation.result_json import check_json_out, write_result_json
+from tss_opt.progress import prompt_bar
 
 
 def _given(cfg: DictConfig, key: str) -> bool:
@@ -54,9 +55,11 @@ def evaluate(cfg: DictConfig) -> EvalResult:
     ev = build_evaluator(
         cfg, runtime=rt, prompts=prompts or len(domain.split(cfg.split)), protocol=protocol, domain=domain
     )
-    r = ev.evaluate(frozenset(cfg.skip))
+    with prompt_bar(len(ev.examples), f"{domain.name} skip {sorted(cfg.skip)}"):
+        r = ev.evaluate(frozenset(cfg.skip))
     print(
-        f"| domain | model | drafter | dtype | split | prompts | tokens | skip | accepted length | {ev.metric_name} | cost | tok/s |"
+        f"| domain | model | drafter | dtype | split | prompts | tokens | skip | accepted length | {ev.metric_name} | "
+        f"cost ({r.cost_kind}) | tok/s (engine) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(

@@ -6,7 +6,7 @@ The held-out evaluation of a mapping: for each mapped domain (or ``report_domain
 held-out prompts run with the dense target and with the domain's skip set, interleaved per
 prompt, with the same drafter (native only where the mapping keeps dense). Paired intervals,
 the validation prediction and a verdict per domain (metric tolerance: ``search.eps_metric``,
-``search.relative``). Writes ``heldout.md`` (the paper's Table 1 layout plus intervals),
+``search.relative``, ``search.eps_metric_abs``, the search's rule). Writes ``heldout.md`` (the paper's Table 1 layout plus intervals),
 ``heldout.json``, ``speedup.png`` and, per domain, ``profile_<domain>.png`` and
 ``pareto_<domain>.png`` from the domain's search study into ``report_dir``. A mapping entry
 with a lossy verification rule (``tune_verification``) is measured under that rule and its row
@@ -91,6 +91,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
         prompts=cfg.get("heldout_prompts"), max_new_tokens=cfg.get("max_new_tokens"), level=level,
         resamples=int(cfg.get("report_bootstrap", 2000)), seed=int(cfg.get("report_seed", 0)),
         eps_metric=float(cfg.search.eps_metric), relative=bool(cfg.search.relative),
+        eps_metric_abs=float(cfg.search.eps_metric_abs),
     )
     for comp in result.domains:
         log.info("plots for %s", comp.domain)

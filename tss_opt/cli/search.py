@@ -19,6 +19,7 @@ from tss_opt.assembly import (
 from tss_opt.config import SearchSettings
 from tss_opt.search import SearchResult, run_search
 from tss_opt.search.checks import check_on_validation
+from tss_opt.search.figures import figures_of
 from tss_opt.search.identity import check_stored_study
 
 if TYPE_CHECKING:
@@ -88,32 +89,30 @@ def validate(cfg: DictConfig, result: SearchResult, evaluator: Any, storage: Any
 
 
 def format_result(result: SearchResult, wall_s: float) -> str:
-    """Levels, S* against the dense baseline, the Pareto set: what a person reads at the end."""
+    """Levels, S* against the dense baseline, the Pareto set: what a person reads at the end,
+    each figure labelled with what measured it (:func:`tss_opt.search.figures.figures_of`)."""
     lines = [f"study {result.study_name}: {result.stop_reason or 'unfinished'}"]
     lines.append("| level | evaluated / planned | feasible |")
     lines.append("|---|---|---|")
     lines += [f"| {lv.level} | {lv.evaluated} / {lv.total} | {lv.feasible} |" for lv in result.levels]
     lines.append(f"candidate pool: {list(result.pool)}")
     b = result.baseline
-    best = result.best_record
+    fig = figures_of(b)
     m = result.metric_name
+    # A speed column only where decoding was timed (issue 36; tss_opt.search.figures).
+    speed = [fig.speed_header] if fig.speed_key else []
     lines.append("")
-    lines.append(f"| configuration | skip set | accepted length | {m} | cost | tok/s |")
-    lines.append("|---|---|---|---|---|---|")
-    lines.append(
-        f"| dense | [] | {b['accept_length']:.3f} | {b['metric']:.4f} | {b['cost']:.4f} | {b.get('tokens_per_s', float('nan')):.2f} |"
-    )
-    lines.append(
-        f"| S* ({result.selection}) | {sorted(best.skip_set)} | {best.accept_length:.3f} | {best.metric:.4f} | "
-        f"{best.cost:.4f} | {best.values.get('tokens_per_s', float('nan')):.2f} |"
-    )
-    for p in result.pareto:
-        if p != result.best:
-            r = result.record(p)
-            lines.append(
-                f"| Pareto | {sorted(p)} | {r.accept_length:.3f} | {r.metric:.4f} | {r.cost:.4f} | "
-                f"{r.values.get('tokens_per_s', float('nan')):.2f} |"
-            )
+    lines.append("| " + " | ".join(["configuration", "skip set", "accepted length", m, fig.cost_header, *speed]) + " |")
+    lines.append("|" + "---|" * (5 + len(speed)))
+
+    def row(label: str, skip: frozenset[int], values: Any) -> str:
+        cells = [label, str(sorted(skip)), f"{values['accept_length']:.3f}", f"{values['metric']:.4f}", f"{values['cost']:.4f}"]
+        return "| " + " | ".join(cells + ([fig.speed_cell(values)] if speed else [])) + " |"
+
+    lines.append(row("dense", frozenset(), b))
+    lines.append(row(f"S* ({result.selection})", result.best, result.best_record.values))
+    lines += [row("Pareto", p, result.record(p).values) for p in result.pareto if p != result.best]
+    lines.append(fig.caption)
     if result.given_up:
         lines.append(
             "\nGIVEN UP (their workers crashed repeatedly; treated as infeasible, so S* and the "

@@ -82,6 +82,7 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
         epochs=int(rs.epochs), lr=float(rs.lr), step_cost=float(rs.step_cost), sigma=float(rs.sigma),
         init_weight=float(rs.init_weight), seed=int(rs.seed),
         eps=float(cfg.search.eps_metric), confidence=float(cfg.search.confidence), relative=bool(cfg.search.relative),
+        eps_abs=float(cfg.search.eps_metric_abs),
     )
     saved = choice.save_learned(Path(rs.out_dir) / rt.loaded.config.name, domain.name)
     print(

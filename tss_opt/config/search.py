@@ -7,6 +7,7 @@ ours               paper                default (source)
 =================  ===================  ==========================================
 eps_accept         eps_A                0.05 relative (paper: 5 %)
 eps_metric         eps_M                0.05 relative (paper: 5 %)
+eps_metric_abs     -                    0.005: floor of a relative eps_M (issue 36)
 tau_accept         tau_A                0.05 relative (paper: 5 %)
 tau_metric         tau_M                0.05 relative (paper: 5 %)
 max_depth          K                    5 (largest reported skip set, MMLU)
@@ -49,6 +50,7 @@ class SettingTypeError(TypeError, SearchSettingsError):
 
 
 __all__ = [
+    "DEFAULT_EPS_METRIC_ABS",
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HEARTBEAT_INTERVAL",
     "BFS_MODES",
@@ -72,6 +74,11 @@ __all__ = [
 # period counts as crashed and is retried once (tss_opt.storage.heartbeat).
 DEFAULT_HEARTBEAT_INTERVAL = 10
 DEFAULT_GRACE_PERIOD = 30
+
+# The absolute floor of a positive relative metric tolerance (issue 36): half a point of a metric
+# on [0, 1]; it binds where eps_metric * |native| < 0.005 (native below 0.1 at eps_metric=0.05).
+# The rule and why: tss_opt.search.tolerance.metric_tolerance.
+DEFAULT_EPS_METRIC_ABS = 0.005
 
 
 class Mode(StrEnum):
@@ -136,11 +143,18 @@ IDENTITY_FIELDS = (
     "max_repetition_increase",
     "early_stopping",
     "early_stop_chunk",
+    "eps_metric_abs",
 )
 
 # What a study stored before a field existed was run under: a study created before issue 10
 # used the point rule without early stopping, so resuming it under the paired rule is refused.
-LEGACY_IDENTITY: dict[str, Any] = {"feasibility": "point", "early_stopping": False, "futility_stopping": False}
+# A study created before issue 36 had no metric-tolerance floor.
+LEGACY_IDENTITY: dict[str, Any] = {
+    "feasibility": "point",
+    "early_stopping": False,
+    "futility_stopping": False,
+    "eps_metric_abs": 0.0,
+}
 
 
 @dataclass
@@ -155,6 +169,13 @@ class SearchSettings:
         max_depth: K, the largest skip-set size searched.
         eps_accept: eps_A, feasibility tolerance on acceptance (relative or absolute).
         eps_metric: eps_M, feasibility tolerance on the task metric.
+        eps_metric_abs: The absolute floor of a positive relative metric tolerance (and of
+            ``tau_metric``'s): ``delta_M = max(eps_metric * |M0|, eps_metric_abs)``, so a
+            domain where dense scores ~0 is not held to a zero tolerance (issue 36;
+            :func:`tss_opt.search.tolerance.metric_tolerance`, the one rule that search,
+            validation and the held-out report apply). In the metric's units: 0.005 is half a
+            point of a [0, 1] metric (every built-in one); 0 disables it. Ignored when
+            ``relative=False``.
         tau_accept: tau_A, candidate-pool tolerance on acceptance of single-layer skips.
         tau_metric: tau_M, candidate-pool tolerance on the metric of single-layer skips.
         relative: Tolerances are fractions of the dense baseline (``A0 * (1 - eps)``);
@@ -202,6 +223,7 @@ class SearchSettings:
     max_depth: int = 5
     eps_accept: float = 0.05
     eps_metric: float = 0.05
+    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS
     tau_accept: float = 0.05
     tau_metric: float = 0.05
     relative: bool = True
@@ -249,6 +271,12 @@ class SearchSettings:
             raise SearchSettingsError(f"relative={self.relative!r} must be True or False.")
         for name in ("eps_accept", "eps_metric", "tau_accept", "tau_metric"):
             _tolerance(name, getattr(self, name), self.relative)
+        f = self.eps_metric_abs
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 <= f < 1:
+            raise SearchSettingsError(
+                f"eps_metric_abs={f!r} is out of range; expected 0 <= eps_metric_abs < 1 (an absolute "
+                "floor of the metric tolerance in the metric's units, e.g. 0.005; 0 disables it)."
+            )
         self.feasibility = Feasibility.parse("feasibility", self.feasibility)
         _confidence(self.confidence)
         r = self.max_repetition_increase
@@ -288,11 +316,15 @@ class SearchSettings:
     def identity(self) -> dict[str, Any]:
         """The settings that decide which configurations are evaluated (stored per study).
 
-        ``seed`` counts only for the randomised modes, ``sleb_score`` only for ``sleb`` and
-        ``futility_stopping`` only when on, so the identity (and the study-name hash) of a
-        breadth-first search without futility stopping is unchanged.
+        ``seed`` counts only for the randomised modes, ``sleb_score`` only for ``sleb``,
+        ``futility_stopping`` only when on and ``eps_metric_abs`` only when above 0, so the
+        identity (and the study-name hash) of a search without them is what it was before
+        they existed.
         """
-        out = {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS}
+        out = {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS if name != "eps_metric_abs"}
+        if self.eps_metric_abs > 0:
+            # Issue 36: the floor changes which sets are feasible where dense scores ~0.
+            out["eps_metric_abs"] = float(self.eps_metric_abs)
         if self.mode in SEEDED_MODES:
             out["seed"] = self.seed
         if self.mode == "sleb":

@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -28,6 +28,7 @@ from tss_opt.evaluation.cost import COSTS, analytic_cost, measured_cost
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.metrics import Metric
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
+from tss_opt.progress import prompts_done
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -77,9 +78,22 @@ class PromptRecord:
         }
 
 
+# What produced an evaluation's figures (issue 36: a table says what it measured). "engine":
+# speculative decoding ran and was timed, so tokens/s is a decoding speed; "replay": the sparse
+# target's greedy outputs were generated in batches and the drafter replayed over them, so A and
+# M are the engine's but no decoding was timed.
+EVALUATOR_KINDS = ("engine", "replay")
+
+
 @dataclass
 class EvalResult:
-    """A, M, C of a skip set on a prompt set, with the details behind them."""
+    """A, M, C of a skip set on a prompt set, with the details behind them.
+
+    ``evaluator`` says what produced the figures (:data:`EVALUATOR_KINDS`) and ``cost_kind``
+    which cost is ``cost`` (``analytic`` or ``measured``). Under ``replay``, ``tokens_per_s``
+    is the batched replay's throughput, not a decoding speed: :meth:`to_dict` then names it
+    ``replay_tokens_per_s``, so no table or dashboard reads it as speed.
+    """
 
     skip: frozenset[int]
     accept_length: float
@@ -94,10 +108,17 @@ class EvalResult:
     metric_extras: dict[str, float] = field(default_factory=dict)
     prompts: list[PromptRecord] = field(default_factory=list)
     verification: str = "exact"  # the acceptance rule; anything else is lossy (issue 13)
+    evaluator: str = "engine"  # EVALUATOR_KINDS: what produced the figures
+    cost_kind: str = "analytic"  # which cost `cost` is
 
     @property
     def lossy(self) -> bool:
         return self.verification != "exact"
+
+    @property
+    def decoding_timed(self) -> bool:
+        """``tokens_per_s`` is a speculative-decoding speed (the engine ran and was timed)."""
+        return self.evaluator == "engine"
 
     def to_dict(self) -> dict[str, Any]:
         """The evaluator-contract mapping; extras become trial user attributes."""
@@ -107,7 +128,8 @@ class EvalResult:
             "cost": self.cost,
             "cost_analytic": self.cost_analytic,
             "cost_measured": self.cost_measured,
-            "tokens_per_s": self.tokens_per_s,
+            # A decoding speed only where decoding was timed (the search reads "tokens_per_s").
+            ("tokens_per_s" if self.decoding_timed else f"{self.evaluator}_tokens_per_s"): self.tokens_per_s,
             "new_tokens": self.new_tokens,
             "steps": self.steps,
             "wall_s": self.wall_s,
@@ -116,6 +138,8 @@ class EvalResult:
             "per_prompt": [p.to_dict() for p in self.prompts],
             "verification": self.verification,
             "lossy": self.lossy,
+            "evaluator": self.evaluator,
+            "cost_kind": self.cost_kind,
         }
 
 
@@ -160,7 +184,8 @@ class PromptSetEvaluator(ABC):
         metric: the objective metric; ``extra_metrics`` are reported beside it.
         protocol: how every prompt is decoded (length, scope, temperature, cost, stop
             tokens, system prompt, prefill reuse, acceptance rule).
-        show_progress: log progress per prompt (or batch).
+        show_progress: log a DEBUG line per prompt (or batch); a caller's
+            :func:`tss_opt.progress.prompt_bar` advances either way.
         prefill_store_gib: the byte budget of the kept prefills, in GiB (least recently used
             evicted; ``None`` = ``decoding.prefill.DEFAULT_PREFILL_STORE_GIB``). A resource
             limit, not part of the protocol: outputs do not depend on it.
@@ -197,6 +222,9 @@ class PromptSetEvaluator(ABC):
         self.prompt_tokens: list[torch.Tensor] = [
             format_prompt(tokenizer, ex, protocol.system_prompt) for ex in self.examples
         ]
+
+    kind: ClassVar[str] = "engine"
+    """What produces this evaluator's figures (:data:`EVALUATOR_KINDS`); results carry it."""
 
     # The protocol's fields, read-only: an evaluator's protocol is fixed at construction
     # (build another with ``protocol=ev.protocol.replace(...)``).
@@ -259,7 +287,7 @@ class PromptSetEvaluator(ABC):
         outputs, statistics and generated token ids are given in that order."""
         return aggregate(
             skip, [self.examples[i] for i in order], outputs, stats, self.metric, self.extra_metrics,
-            self.num_layers, wall_s=wall_s, cost=self.cost, tokens=tokens, indices=order,
+            self.num_layers, wall_s=wall_s, cost=self.cost, tokens=tokens, indices=order, evaluator=self.kind,
         )
 
 
@@ -279,7 +307,7 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
             target once and starts every evaluation from a copy (decoding/prefill.py; same
             tokens, no prompt forward per trial; one KV cache per prompt is kept);
             ``verification`` is the acceptance rule, and results carry its label and ``lossy``.
-        show_progress: log one line per prompt.
+        show_progress: log one DEBUG line per prompt.
         **settings: protocol fields as keywords (``max_new_tokens=32``, ``scope="all"``,
             ...): they replace ``protocol``'s (the former keyword arguments).
     """
@@ -350,8 +378,9 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
             outputs.append(self.tokenizer.decode(res.tokens, skip_special_tokens=True))
             tokens.append(res.tokens.tolist())
             stats.append(res.stats)
-            if self.show_progress:
-                log.info(
+            prompts_done(1)  # a caller's prompt bar, if one is open
+            if self.show_progress:  # per prompt: DEBUG (the search logs one INFO line per trial)
+                log.debug(
                     "  skip=%s prompt %d/%d: A=%.2f %.1f tok/s", sorted(skip), n + 1, len(order),
                     res.stats.accept_length, res.stats.tokens_per_s,
                 )
@@ -393,6 +422,7 @@ def aggregate(
     cost: str = "analytic",
     tokens: Sequence[Sequence[int]] | None = None,
     indices: Sequence[int] | None = None,
+    evaluator: str = "engine",
 ) -> EvalResult:
     """Score one skip set's outputs and total its statistics.
 
@@ -404,6 +434,8 @@ def aggregate(
         tokens: per prompt, the generated token ids; give them for the per-prompt
             ``repetition`` (0.0 without).
         indices: per prompt, its index in the caller's prompt list (default 0, 1, ...).
+        evaluator: what produced ``stats`` (:data:`EVALUATOR_KINDS`; ``replay``: their
+            timings are not decoding's).
     """
     token_lists = [tuple(int(t) for t in ts) for ts in tokens] if tokens is not None else [()] * len(examples)
     index_list = list(indices) if indices is not None else list(range(len(examples)))
@@ -429,6 +461,8 @@ def aggregate(
         steps=steps,
         wall_s=wall_s,
         metric_extras=extras,
+        evaluator=evaluator,
+        cost_kind=cost,
         prompts=[
             PromptRecord(
                 id=ex.id, output=out, score=sc, accept_length=s.accept_length,

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -47,6 +47,7 @@ from tss_opt.errors import TSSError
 from tss_opt.evaluation.domains import Example
 from tss_opt.evaluation.evaluator import EvalResult, PromptSetEvaluator
 from tss_opt.evaluation.metrics import Metric
+from tss_opt.progress import prompts_done
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +445,9 @@ class ReplayEvaluator(PromptSetEvaluator):
             target's device type.
 
     Per prompt, ``tokens_per_s`` is the prompt's tokens over its share of the batch's wall
-    time: a throughput of the replay, not of speculative decoding.
+    time: a throughput of the replay, not of speculative decoding. Its results say so
+    (``evaluator: "replay"``) and their contract mapping names it ``replay_tokens_per_s``, so
+    the search records no ``tokens_per_s`` for a replayed trial (issue 36).
     """
 
     def __init__(
@@ -478,6 +481,9 @@ class ReplayEvaluator(PromptSetEvaluator):
 
     def _options(self) -> dict[str, Any]:
         return {**super()._options(), "batch_size": self.batch_size}
+
+    kind: ClassVar[str] = "replay"
+    """Results say ``evaluator: replay`` and carry ``replay_tokens_per_s``, never ``tokens_per_s``."""
 
     supports_groups = True
     """Grouped trials (issue 21): :meth:`evaluate_group` runs several skip sets in one batch."""
@@ -553,8 +559,9 @@ class ReplayEvaluator(PromptSetEvaluator):
             for per_set in stats:
                 for s in per_set[-len(batch) :]:
                     s.total_s = share
-            if self.show_progress:
-                log.info(
+            prompts_done(len(batch) * G)  # a caller's prompt bar, if one is open
+            if self.show_progress:  # per batch: DEBUG (the search logs one INFO line per trial)
+                log.debug(
                     "  skip=%s prompts %d-%d/%d replayed", " ".join(str(sorted(x)) for x in sets), start + 1,
                     start + len(batch), len(order),
                 )

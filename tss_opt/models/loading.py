@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tss_opt.config.model import ModelConfig
 from tss_opt.errors import TSSError
+from tss_opt.progress import held_library_bars, quiet_library_bars
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def load_model(cfg: ModelConfig | DictConfig | dict) -> LoadedModel:
     """Load the model described by ``cfg`` (see ``conf/model/*.yaml``)."""
     mc = as_model_config(cfg)
     dtype = resolve_dtype(mc.dtype)
+    quiet_library_bars()  # no transformers/hub bars in a log (issue 36); kept on a terminal
     t0 = time.perf_counter()
     if mc.source == "tiny":
         from tss_opt.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -175,8 +177,11 @@ def _convert_gguf(src_dir: Path, gguf_file: str, cache: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.warning("converting %s once into %s (about 30 s; later loads take seconds)", gguf_file, cache)
-    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
+    # transformers' GGUF reader draws a tqdm bar it offers no switch for: off a terminal its
+    # redraws are dropped (everything else it writes to stderr is kept).
+    with held_library_bars():
+        tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model until the quantizer is cleared; the weights
     # are already dequantized float32 at this point.
     model.hf_quantizer = None

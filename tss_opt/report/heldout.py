@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.drafters.registry import distribution_drafters
 from tss_opt.decoding.protocol import DecodeProtocol
@@ -36,6 +37,7 @@ from tss_opt.evaluation.domains import Domain, format_prompt
 from tss_opt.evaluation.evaluator import EvalResult, aggregate
 from tss_opt.evaluation.protocol import protocol_for_domain
 from tss_opt.mapping.rule import entry_verifier
+from tss_opt.progress import progress_bar
 from tss_opt.report.assessment import domain_verdict, heldout_stats, validation_prediction
 from tss_opt.report.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level
 from tss_opt.report.results import DomainComparison, HeldoutReport, ReportError
@@ -123,6 +125,7 @@ def measure_interleaved(
     tokens: dict[str, list[list[int]]] = {name: [] for name, _, _ in methods}
     stats: dict[str, list[DecodeStats]] = {name: [] for name, _, _ in methods}
     wall = dict.fromkeys(outputs, 0.0)
+    bar = progress_bar(len(ids), f"held-out {domain.name}", unit="prompt", enabled=show_progress, leave=False)
     for i, p in enumerate(ids):
         for name, s, _ in methods:
             t0 = time.perf_counter()
@@ -131,13 +134,15 @@ def measure_interleaved(
             outputs[name].append(tokenizer.decode(res.tokens, skip_special_tokens=True))
             tokens[name].append(res.tokens.tolist())
             stats[name].append(res.stats)
-        if show_progress:
+        bar.update(1)
+        if show_progress:  # per prompt: DEBUG (INFO has one line per domain)
             line = " | ".join(
                 f"{'native' if name == NATIVE else name} A={stats[name][-1].accept_length:.2f} "
                 f"{stats[name][-1].tokens_per_s:.1f} tok/s"
                 for name, _, _ in methods
             )
-            log.info("  [%s %d/%d] %s", domain.name, i + 1, len(ids), line)
+            log.debug("  [%s %d/%d] %s", domain.name, i + 1, len(ids), line)
+    bar.close()
     results = []
     for name, s, v in methods:
         res = aggregate(
@@ -179,7 +184,8 @@ def compare_domain(
             domain's.
         max_new_tokens: Tokens per prompt (``None``: the domain's, 96 in the protocol).
         warmup: Run a few untimed tokens under each method first.
-        show_progress: Log one line per prompt.
+        show_progress: A bar of the prompts on a terminal (:mod:`tss_opt.progress`) and a
+            DEBUG line per prompt.
         verification: The TSS method's acceptance rule (a lossy mapping entry's); ``None`` =
             exact. Native always runs exact verification (the reference a lossy rule is
             measured against).
@@ -253,6 +259,7 @@ def run_heldout(
     seed: int = 0,
     eps_metric: float = 0.05,
     relative: bool = True,
+    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS,
     **settings: Any,
 ) -> HeldoutReport:
     """:func:`compare_domain` for each of ``domains`` with the mapping's skip sets, judged.
@@ -267,7 +274,8 @@ def run_heldout(
         protocol, prompts, max_new_tokens, **settings: As for :func:`compare_domain`.
         level: Two-sided coverage of the intervals (0.9).
         resamples, seed: The paired bootstrap of the ratios (speedup, accepted-length ratio).
-        eps_metric, relative: The metric tolerance of the verdict (the search's).
+        eps_metric, relative, eps_metric_abs: The metric tolerance of the verdict (the
+            search's rule: :func:`tss_opt.search.tolerance.metric_tolerance`).
 
     Raises:
         ReportError: A domain has no mapping entry.
@@ -305,8 +313,10 @@ def run_heldout(
         seed=seed,
         eps_metric=eps_metric,
         relative=relative,
+        eps_metric_abs=eps_metric_abs,
     )
     t0 = time.perf_counter()
+    outer = progress_bar(len(domains), "held-out report", unit="domain", enabled=show_progress)
     for k, domain in enumerate(domains, start=1):
         entry: MappingEntry = mapping.entry_for(domain.name)  # type: ignore[assignment]
         n = prompts or domain.config.heldout_size
@@ -341,7 +351,10 @@ def run_heldout(
             dense_kept_reason=reason,
             verification=tss.verification if tss is not None else "exact",
         )
-        assess(comp, level=level, resamples=resamples, seed=seed, eps_metric=eps_metric, relative=relative)
+        assess(
+            comp, level=level, resamples=resamples, seed=seed, eps_metric=eps_metric, relative=relative,
+            eps_metric_abs=eps_metric_abs,
+        )
         report.domains.append(comp)
         if show_progress:
             if tss is None:
@@ -358,6 +371,8 @@ def run_heldout(
                     comp.verdict.summary,  # type: ignore[union-attr]
                     f"; LOSSY {comp.verification}: {comp.metric_name} change {comp.metric_change:+.4f}" if comp.lossy else "",
                 )
+        outer.update(1)
+    outer.close()
     report.wall_s = time.perf_counter() - t0
     return report
 
@@ -370,6 +385,7 @@ def assess(
     seed: int = 0,
     eps_metric: float = 0.05,
     relative: bool = True,
+    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS,
 ) -> DomainComparison:
     """Fill ``comp``'s ``stats``, ``prediction`` and ``verdict`` from its measurements and its
     mapping entry (:mod:`tss_opt.report.assessment`); returns ``comp``."""
@@ -378,7 +394,7 @@ def assess(
     scores = [p.score for p in comp.native.prompts]
     comp.verdict = domain_verdict(
         comp.stats, comp.prediction, native_metric_mean=sum(scores) / max(1, len(scores)), eps_metric=eps_metric,
-        relative=relative, metric_higher_is_better=comp.metric_higher_is_better, dense_kept_reason=comp.dense_kept_reason,
+        relative=relative, eps_metric_abs=eps_metric_abs, metric_higher_is_better=comp.metric_higher_is_better, dense_kept_reason=comp.dense_kept_reason,
     )
     return comp
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.errors import TSSError
 
 if TYPE_CHECKING:
@@ -96,8 +97,9 @@ class HeldoutReport:
     """The whole report: model, drafter, protocol and one comparison per domain.
 
     ``level``, ``resamples`` and ``seed`` are the intervals' (two-sided coverage, bootstrap
-    resamples and seed, :mod:`tss_opt.report.intervals`); ``eps_metric`` and ``relative`` the
-    metric tolerance of the verdict (:mod:`tss_opt.report.assessment`).
+    resamples and seed, :mod:`tss_opt.report.intervals`); ``eps_metric``, ``relative`` and
+    ``eps_metric_abs`` the metric tolerance of the verdict (:mod:`tss_opt.report.assessment`,
+    :func:`tss_opt.search.tolerance.metric_tolerance`).
     """
 
     model: str
@@ -114,4 +116,5 @@ class HeldoutReport:
     seed: int = 0
     eps_metric: float = 0.05
     relative: bool = True
+    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS
     plots: dict[str, str] = field(default_factory=dict)  # report-wide figures (``speedup``)

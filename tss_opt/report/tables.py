@@ -251,7 +251,11 @@ def markdown_report(report: HeldoutReport, link_base: str | os.PathLike[str] | N
                 f"Mean over {len(speedups)} domain(s): speedup {sum(speedups) / len(speedups):.2f}×, "
                 f"accepted length {100 * sum(gains) / max(1, len(gains)):+.1f}%.",
             ]
-        tol = f"eps_metric={report.eps_metric:g}" + (" × native's mean" if report.relative else " (absolute)")
+        tol = (
+            f"max(eps_metric={report.eps_metric:g} × native's mean, eps_metric_abs={report.eps_metric_abs:g})"
+            if report.relative
+            else f"eps_metric={report.eps_metric:g} (absolute)"
+        )
         parts += [
             "",
             "## Validation prediction against held-out, and the verdict",
@@ -333,6 +337,9 @@ def report_to_dict(report: HeldoutReport) -> dict[str, Any]:
         "verdict_rule": {
             "eps_metric": report.eps_metric,
             "relative": report.relative,
+            "eps_metric_abs": report.eps_metric_abs,
+            "tolerance": "max(eps_metric * |native mean|, eps_metric_abs) if relative and eps_metric > 0, "
+            "else eps_metric * |native mean| (relative) or eps_metric (absolute)",
             "metric": "lower end of the oriented metric-difference interval >= -tolerance",
             "speedup": "point speedup >= 1.0",
             "accept_length": "|held-out A ratio / validation A ratio - 1| <= 0.10",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.feasibility import PairedFeasibility, PerPrompt, Verdict
+from tss_opt.search.tolerance import metric_tolerance
 
 __all__ = [
     "Config",
@@ -154,10 +155,7 @@ def restrict(rule: Thresholds, objective: str) -> Thresholds | OneObjective:
     return rule if objective == "both" else OneObjective(rule, objective)
 
 
-def _bound(base: float, tol: float, relative: bool, higher_is_better: bool) -> float:
-    # relative: A0 * (1 - eps) for a non-negative baseline; |A0| keeps the bound on the
-    # "worse" side of a negative baseline too.
-    delta = tol * abs(base) if relative else tol
+def _bound(base: float, delta: float, higher_is_better: bool) -> float:
     return base - delta if higher_is_better else base + delta
 
 
@@ -171,9 +169,13 @@ def thresholds_for(
     """Feasibility thresholds (eps) or, with ``pool=True``, candidate-pool thresholds (tau)."""
     tol_a = settings.tau_accept if pool else settings.eps_accept
     tol_m = settings.tau_metric if pool else settings.eps_metric
+    # relative: A0 * (1 - eps) for a non-negative baseline; |A0| keeps the bound on the
+    # "worse" side of a negative baseline too. The metric's tolerance has a floor (issue 36).
+    delta_a = tol_a * abs(baseline.accept_length) if settings.relative else tol_a
+    delta_m = metric_tolerance(tol_m, baseline.metric, relative=settings.relative, floor=settings.eps_metric_abs)
     return Thresholds(
-        accept=_bound(baseline.accept_length, tol_a, settings.relative, True),
-        metric=_bound(baseline.metric, tol_m, settings.relative, metric_higher_is_better),
+        accept=_bound(baseline.accept_length, delta_a, True),
+        metric=_bound(baseline.metric, delta_m, metric_higher_is_better),
         metric_higher_is_better=metric_higher_is_better,
     )
 
@@ -200,6 +202,7 @@ def feasibility_for(
             confidence=settings.confidence,
             metric_higher_is_better=metric_higher_is_better,
             max_repetition_increase=settings.max_repetition_increase,
+            eps_metric_abs=settings.eps_metric_abs,
         )
     return thresholds_for(
         baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=pool

@@ -15,7 +15,8 @@ Method (analytic and deterministic, no resampling):
   ``q = t_{confidence, n-1}`` the one-sided Student-t quantile. The lower confidence bound is
   ``lower = mean - q * se`` and the upper one ``upper = mean + q * se``.
 - The tolerance is ``delta = eps * |mean of dense's per-prompt values|`` (``relative=True``)
-  or ``delta = eps`` (``relative=False``).
+  or ``delta = eps`` (``relative=False``); the metric's relative tolerance is at least
+  ``eps_metric_abs`` (:func:`tss_opt.search.tolerance.metric_tolerance`, issue 36).
 - **Feasible** when, for accepted length and for the metric, ``lower >= -delta``: at
   confidence ``c`` the true mean loss is within the tolerance. The constraint value written
   to Optuna is ``-delta - lower`` (<= 0: feasible; > 0: by how much the bound misses).
@@ -63,6 +64,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tss_opt.search.tolerance import DEFAULT_EPS_METRIC_ABS, metric_tolerance
 
 __all__ = [
     "FEASIBILITIES",
@@ -322,10 +325,12 @@ class PairedFeasibility:
         confidence: float,
         metric_higher_is_better: bool = True,
         max_repetition_increase: float = 0.1,
+        eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS,
     ) -> PairedFeasibility:
-        """Tolerances from eps: relative ones are fractions of dense's per-prompt means."""
+        """Tolerances from eps: relative ones are fractions of dense's per-prompt means; the
+        metric's has the floor ``eps_metric_abs`` (:func:`tss_opt.search.tolerance.metric_tolerance`)."""
         tol_a = eps_accept * abs(_mean(baseline.accept_length)) if relative else eps_accept
-        tol_m = eps_metric * abs(_mean(baseline.metric)) if relative else eps_metric
+        tol_m = metric_tolerance(eps_metric, _mean(baseline.metric), relative=relative, floor=eps_metric_abs)
         return cls(baseline, tol_a, tol_m, confidence, metric_higher_is_better, max_repetition_increase)
 
     @property

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from tss_opt.search.algorithm import canonical
+from tss_opt.search.figures import Figures, figures_of
 from tss_opt.search.result import SearchResult, TrialRecord
 
 __all__ = ["format_note", "save_search_note"]
@@ -30,17 +31,20 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{float(value):.{digits}f}"
 
 
-def _row(label: str, skip: frozenset[int], values: Mapping[str, Any] | TrialRecord) -> str:
+def _row(label: str, skip: frozenset[int], values: Mapping[str, Any] | TrialRecord, fig: Figures) -> str:
     if isinstance(values, TrialRecord):
-        a, m, c, tps = values.accept_length, values.metric, values.cost, values.values.get("tokens_per_s")
+        a, m, c, rest = values.accept_length, values.metric, values.cost, values.values
     else:
-        a, m, c, tps = values.get("accept_length"), values.get("metric"), values.get("cost"), values.get("tokens_per_s")
-    return f"| {label} | {list(canonical(skip))} | {_num(a)} | {_num(m, 4)} | {_num(c, 4)} | {_num(tps, 2)} |"
+        a, m, c, rest = values.get("accept_length"), values.get("metric"), values.get("cost"), values
+    speed = f" {fig.speed_cell(rest)} |" if fig.speed_key else ""
+    return f"| {label} | {list(canonical(skip))} | {_num(a)} | {_num(m, 4)} | {_num(c, 4)} |{speed}"
 
 
 def format_note(result: SearchResult) -> str:
     """The Markdown summary of a search: stop reason, levels, dense vs S* vs the Pareto set."""
     m = result.metric_name
+    fig = figures_of(result.baseline)
+    speed_head, speed_rule = (f" {fig.speed_header} |", "---:|") if fig.speed_key else ("", "")
     lines = [
         f"## TSS search: {result.study_name}",
         "",
@@ -58,14 +62,16 @@ def format_note(result: SearchResult) -> str:
         "",
         "### Dense, S* and the Pareto set",
         "",
-        f"| configuration | skip set | accepted length | {m} | cost | tok/s |",
-        "|---|---|---:|---:|---:|---:|",
-        _row("dense", frozenset(), result.baseline),
+        f"| configuration | skip set | accepted length | {m} | {fig.cost_header} |{speed_head}",
+        f"|---|---|---:|---:|---:|{speed_rule}",
+        _row("dense", frozenset(), result.baseline, fig),
     ]
     if result.best:
-        lines.append(_row(f"**S\\*** ({result.selection})", result.best, result.best_record))
-    lines += [_row("Pareto", p, result.record(p)) for p in result.pareto if p != result.best]
+        lines.append(_row(f"**S\\*** ({result.selection})", result.best, result.best_record, fig))
+    lines += [_row("Pareto", p, result.record(p), fig) for p in result.pareto if p != result.best]
     lines += [
+        "",
+        fig.caption,
         "",
         "Objectives: accepted length (max), task metric (direction of the metric), cost (min). "
         "Feasible: no worse than dense on acceptance and metric (the constraints column).",

@@ -182,6 +182,10 @@ def run_optuna_strategy(
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if not waiting:
             study.enqueue_trial({param_name(i): False for i in range(info.num_layers)})
+    feasible = 0 if run.rule is None else sum(
+        1 for c, m in run.results.items() if c and m is not None and run.rule.verdict(m).feasible
+    )
+    progress.budget(settings.max_trials, len(run.results), feasible)
     with guard.held(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         while not (reason := run.should_stop()):

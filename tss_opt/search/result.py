@@ -150,6 +150,14 @@ class SearchResult:
         raise KeyError(f"skip set {sorted(key)} was not evaluated in study '{self.study_name}'")
 
     @property
+    def evaluator(self) -> str | None:
+        """What produced the figures: ``"engine"`` (speculative decoding timed), ``"replay"``
+        (no decoding timed: no ``tokens_per_s``), or ``None`` when the dense trial does not
+        say (an older study or a user's evaluator); see :mod:`tss_opt.search.figures`."""
+        kind = self.baseline.get("evaluator")
+        return kind if isinstance(kind, str) and kind else None
+
+    @property
     def best_record(self) -> TrialRecord:
         return self.record(self.best)
 
@@ -177,6 +185,8 @@ class SearchResult:
             "evaluated": len(self.trials),
             "feasibility": self.feasibility_rule,
             "given_up": [list(canonical(c)) for c in self.given_up],
+            # What produced the figures (issue 36): "engine" (decoding timed), "replay", or None.
+            "evaluator": self.evaluator,
         }
 
 

@@ -114,9 +114,9 @@ def run_search(
     if not isinstance(study_name, str) or not study_name:
         raise ValueError(f"study_name={study_name!r} must be a non-empty string.")
     guard = InterruptGuard()
-    with guard.held(), _storage_for(storage, settings, n_workers_hint) as store:
+    progress = Progress(info.metric_name, show=show_progress)
+    with guard.held(), _storage_for(storage, settings, n_workers_hint) as store, _closing(progress):
         create_or_load_study(store, study_name, info, settings, metadata)
-        progress = Progress(info.metric_name, show=show_progress)
         if not strategy.queued:
             logger.log(
                 progress.level, "worker runs study '%s' (%s sampler, L=%d, max_trials=%s)",
@@ -177,6 +177,15 @@ def _finish(store: BaseStorage, study_name: str, result: SearchResult, progress:
     progress.finished(
         result.stop_reason, result.best, result.pareto, len(result.trials), result.given_up
     )
+
+
+@contextlib.contextmanager
+def _closing(progress: Progress) -> Iterator[None]:
+    """Close the worker's bars however the search ends (Ctrl-C, an evaluator's error)."""
+    try:
+        yield
+    finally:
+        progress.close()
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ the ``k`` cheapest feasible candidates (by the ``min_cost`` order: cost, then hi
 acceptance, better metric, more layers, sorted tuple) are evaluated on a *validation*
 evaluator (the domain's validation split), paired against dense on the same prompts, with the
 same paired rule as the search (:mod:`tss_opt.search.feasibility`: eps, ``relative``,
-``confidence``, the repetition guard). The choice is the cheapest candidate that passes; when
+``confidence``, the repetition guard, the metric tolerance's floor ``eps_metric_abs``). The choice is the cheapest candidate that passes; when
 none passes, dense (the empty set) with the reasons.
 
 :func:`validate_candidates` returns a :class:`ValidationOutcome` whose :meth:`to_dict` is
@@ -16,13 +16,20 @@ calibration and validation figures.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tss_opt.config.search import SearchSettings
+from tss_opt.progress import prompt_bar
 from tss_opt.search.algorithm import Config, Measurement, canonical
-from tss_opt.search.contract import EvaluatorError, describe_evaluator, measurement_from
+from tss_opt.search.contract import (
+    EvaluatorError,
+    describe_evaluator,
+    measurement_from,
+    prompt_count,
+)
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.result import SearchResult
 
@@ -35,6 +42,8 @@ __all__ = [
 ]
 
 VALIDATION_ATTR = "validation"
+
+log = logging.getLogger("tss_opt.search")
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,7 @@ def validate_candidates(
     settings: SearchSettings | None = None,
     metric_higher_is_better: bool | None = None,
     storage: Any = None,
+    show_progress: bool = True,
 ) -> ValidationOutcome:
     """Evaluate the ``k`` cheapest feasible candidates and dense on ``evaluator``; choose.
 
@@ -135,11 +145,13 @@ def validate_candidates(
             first).
         evaluator: The validation evaluator; it must return ``per_prompt`` (>= 2 prompts).
         k: Candidates to check (default 3).
-        settings: eps, ``relative``, ``confidence``, ``max_repetition_increase``; default: the
-            result's settings (else ``SearchSettings()``).
+        settings: eps, ``eps_metric_abs``, ``relative``, ``confidence``,
+            ``max_repetition_increase``; default: the result's settings (else ``SearchSettings()``).
         metric_higher_is_better: Default: the result's, else the evaluator's attribute.
         storage: With a ``SearchResult``: also store the outcome on its study (user
             attribute ``validation``, see :func:`store_validation`).
+        show_progress: A bar of the validation prompts on a terminal
+            (:mod:`tss_opt.progress`) and one INFO line per candidate (else DEBUG, no bar).
 
     Returns:
         The :class:`ValidationOutcome` (``chosen = ()`` keeps dense).
@@ -174,6 +186,26 @@ def validate_candidates(
     if metric_higher_is_better is None:
         metric_higher_is_better = bool(getattr(evaluator, "metric_higher_is_better", True))
 
+    n_prompts = prompt_count(evaluator)
+    with prompt_bar(
+        None if n_prompts is None else n_prompts * (len(candidates) + 1), "validation", enabled=show_progress, leave=True
+    ):
+        outcome = _validate(evaluator, candidates, calibration, settings, metric_higher_is_better, show_progress)
+    if storage is not None and isinstance(result_or_candidates, SearchResult):
+        store_validation(storage, result_or_candidates.study_name, outcome)
+    return outcome
+
+
+def _validate(
+    evaluator: Any,
+    candidates: list[Config],
+    calibration: Mapping[Config, Mapping[str, Any]],
+    settings: SearchSettings,
+    metric_higher_is_better: bool,
+    show_progress: bool,
+) -> ValidationOutcome:
+    """Dense, then each candidate on the validation evaluator, judged by the paired rule."""
+    level = logging.INFO if show_progress else logging.DEBUG
     dense, _ = measurement_from(evaluator(frozenset()), frozenset())
     if dense.per_prompt is None or dense.per_prompt.n < 2:
         raise EvaluatorError(
@@ -191,6 +223,7 @@ def validate_candidates(
         confidence=settings.confidence,
         metric_higher_is_better=metric_higher_is_better,
         max_repetition_increase=settings.max_repetition_increase,
+        eps_metric_abs=settings.eps_metric_abs,
     )
     n = dense.per_prompt.n
     checks: list[CandidateCheck] = []
@@ -214,6 +247,10 @@ def validate_candidates(
                 reason=verdict.reason,
             )
         )
+        log.log(
+            level, "validation: skip %s %s", list(canonical(c)),
+            "passed" if verdict.feasible else f"failed ({verdict.reason})",
+        )
         if verdict.feasible and not chosen:
             chosen = canonical(c)
     if chosen:
@@ -224,7 +261,7 @@ def validate_candidates(
         reason = "dense kept: no candidate passed validation (" + "; ".join(
             f"{list(ch.skip_set)}: {ch.reason}" for ch in checks
         ) + ")"
-    outcome = ValidationOutcome(
+    return ValidationOutcome(
         chosen=chosen,
         reason=reason,
         candidates=tuple(checks),
@@ -232,9 +269,6 @@ def validate_candidates(
         confidence=settings.confidence,
         num_prompts=n,
     )
-    if storage is not None and isinstance(result_or_candidates, SearchResult):
-        store_validation(storage, result_or_candidates.study_name, outcome)
-    return outcome
 
 
 def _figures(m: Measurement, bounds: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,13 +10,16 @@ queued trials at once and evaluates them in one batch (:mod:`tss_opt.search.grou
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from typing import Any
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
+from tss_opt.progress import prompt_bar
 from tss_opt.search.algorithm import Config, Feasibility, Measurement, canonical, feasibility_for
 from tss_opt.search.chunked import ChunkedRun, TrialEvaluation, drive, evaluate_skip_sets
 from tss_opt.search.contract import Evaluator, EvaluatorError, EvaluatorInfo, prompt_count
@@ -37,6 +40,10 @@ logger = logging.getLogger("tss_opt.search")
 
 _MIN_POLL_S = 0.05
 _MAX_POLL_S = 1.0
+
+
+def _fmt(config: Config) -> str:
+    return str(list(canonical(config)))
 
 
 class RetryStaleSkipSetCallback(RetryHeartbeatStaleTrialCallback):
@@ -142,8 +149,8 @@ class Worker:
             self._after_trial()
 
     def _after_trial(self) -> None:
-        # "level k: evaluated x/y" during long levels, at most once per progress interval
-        # (it costs a read of the study's new trials).
+        # Sync the level's counts (other workers' trials; a DEBUG "level k: evaluated x/y" line)
+        # at most once per progress interval (it costs a read of the study's new trials).
         now = time.monotonic()
         if now - self._last_progress >= self.progress.interval:
             self._last_progress = now
@@ -151,9 +158,14 @@ class Worker:
 
     def _evaluate(self, trial: optuna.Trial) -> tuple[float, float, float]:
         config = self._prepare(trial)
-        with self.guard.interruptible():
+        with self.guard.interruptible(), self._prompt_bar(f"trial #{trial.number} skip {_fmt(config)}", 1):
             ev = self._evaluate_skip_set(config)
         return self._finish(trial, (config, ev))
+
+    def _prompt_bar(self, desc: str, sets: int) -> contextlib.AbstractContextManager[Any]:
+        """An inner bar of the prompts being evaluated (terminal only; the evaluators tick it)."""
+        n = prompt_count(self.evaluator)
+        return prompt_bar(None if n is None else n * sets, desc, enabled=self.progress.show)
 
     def _prepare(self, trial: optuna.Trial) -> Config:
         """The trial's queued skip set; its parameters are stored (Optuna's plots see them)."""
@@ -173,7 +185,8 @@ class Worker:
         call = group_call(self.evaluator)
         assert call is not None, "group_size > 1 only with an evaluator that groups"
         runs = [self._chunked_run(c) for c in configs]
-        with self.guard.interruptible():
+        desc = "skip " + " ".join(_fmt(c) for c in configs)
+        with self.guard.interruptible(), self._prompt_bar(desc, len(configs)):
             evs = evaluate_skip_sets(call, runs)
         return list(zip(configs, evs, strict=True))
 
@@ -191,10 +204,14 @@ class Worker:
             self.study, trial, m, extras, verdict, metric_name=self.info.metric_name,
             prompts_used=ev.prompts_used, early_stopped=ev.early_stopped,
         )  # fmt: skip
-        self.progress.trial(trial.number, config, m, feasible)
+        stopped = ""
         if ev.early_stopped:
-            logger.log(
-                self.progress.level,
+            n = prompt_count(self.evaluator)
+            stopped = f"{ev.prompts_used}/{n}" if n is not None else f"{ev.prompts_used}"
+        self.progress.trial(trial.number, config, m, feasible, stopped=stopped)
+        if ev.early_stopped:
+            # The trial's INFO line says it stopped; why, at DEBUG (docs/search.md).
+            logger.debug(
                 "trial #%d stopped early after %d prompt(s): %s",
                 trial.number,
                 ev.prompts_used,

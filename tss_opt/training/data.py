@@ -240,9 +240,9 @@ def greedy_continuations(
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
+    from tss_opt.progress import progress_bar
 
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False)
+    return progress_bar(total, desc, unit="prompt", enabled=enabled, leave=False)
 
 
 def _cache_key(model_key: str, dt: DomainText, settings: TrainSettings, system_prompt: str | None) -> str:

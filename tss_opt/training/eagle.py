@@ -443,9 +443,10 @@ def train_eagle(
         )
         budget.start()
         step, pairs, last = 0, 0, initial
-        from tqdm.auto import tqdm
+        from tss_opt.progress import progress_bar
 
-        bar = tqdm(total=settings.max_steps, desc="training EAGLE head", disable=not settings.progress, dynamic_ncols=True)
+        # Drawn on a terminal only (no bar garbage in logs; TQDM_DISABLE honoured).
+        bar = progress_bar(settings.max_steps, "training EAGLE head", unit="step", enabled=settings.progress)
         postfix: dict[str, str] = {"A": "-" if run.probe_before is None else f"{run.probe_before:.2f}"}
         try:
             while not budget.exhausted(step):

@@ -172,7 +172,7 @@ def extract_features(
     Returns:
         A :class:`FeatureSet` with features in float32 on the CPU.
     """
-    from tqdm.auto import tqdm
+    from tss_opt.progress import progress_bar
 
     decoder, lm_head, device = target.decoder, target.lm_head, target.device
     seqs = [torch.as_tensor(s, dtype=torch.long).reshape(-1) for s in sequences]
@@ -186,7 +186,7 @@ def extract_features(
             batches[-1].append(i)
         else:
             batches.append([i])
-    bar = tqdm(total=sum(int(s.numel()) for s in seqs), desc="target features", disable=not progress, leave=False)
+    bar = progress_bar(sum(int(s.numel()) for s in seqs), "target features", unit="token", enabled=progress, leave=False)
     with target.skip(()):  # the dense target, whatever a caller had applied
         for batch in batches:
             width = max(int(seqs[i].numel()) for i in batch)

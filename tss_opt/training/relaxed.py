@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import FEATURES, LinearFeaturePolicy, LogisticPolicy
 from tss_opt.decoding.verify.blend_weight import LearnedWeight
 from tss_opt.decoding.verify.relaxed import Verifier, check_weight
@@ -113,20 +114,23 @@ def check_against_dense(
     eps: float = 0.05,
     confidence: float = 0.8,
     relative: bool = True,
+    eps_abs: float = DEFAULT_EPS_METRIC_ABS,
 ) -> Judged:
     """Run ``verifier`` under ``skip`` and apply the paired metric rule against ``reference``.
 
     Feasible when the one-sided paired lower bound (:func:`tss_opt.search.feasibility.paired_bound`)
-    of the metric change is within ``eps`` (relative to the dense metric when ``relative``): the
-    search's metric constraint, as :func:`search_weight` applies it.
+    of the metric change is within ``eps`` (relative to the dense metric when ``relative``, at
+    least ``eps_abs``: :func:`tss_opt.search.tolerance.metric_tolerance`): the search's metric
+    constraint, as :func:`search_weight` applies it.
     """
     from tss_opt.search.feasibility import paired_bound
+    from tss_opt.search.tolerance import metric_tolerance
 
     if evaluator.num_prompts < 2:
         raise ValueError(f"the paired metric rule needs at least 2 calibration prompts, got {evaluator.num_prompts}")
     ref_scores = [p.score for p in reference.prompts]
     sign = 1.0 if evaluator.metric_higher_is_better else -1.0
-    tol = eps * abs(sum(ref_scores) / len(ref_scores)) if relative else eps
+    tol = metric_tolerance(eps, sum(ref_scores) / len(ref_scores), relative=relative, floor=eps_abs)
     r = _with_verifier(evaluator, verifier, frozenset(int(i) for i in skip))
     _, lower, _ = paired_bound([p.score for p in r.prompts], ref_scores, confidence, sign=sign)
     judged = Judged(
@@ -147,6 +151,7 @@ def search_weight(
     confidence: float = 0.8,
     relative: bool = True,
     reference: EvalResult | None = None,
+    eps_abs: float = DEFAULT_EPS_METRIC_ABS,
 ) -> WeightSearch:
     """Choose DIVERSED's ``w`` for one domain and skip set on the evaluator's prompts.
 
@@ -155,7 +160,7 @@ def search_weight(
         skip: the domain's skip set (from the first stage, the TSS search).
         weights: the grid, each in [0, 1].
         eps: the metric tolerance (relative to the dense metric when ``relative``), as the
-            search's ``eps``.
+            search's ``eps``; ``eps_abs`` its floor (the search's ``eps_metric_abs``).
         confidence: one-sided confidence of the paired bound.
         reference: the dense exact run (computed when not given).
 
@@ -173,7 +178,7 @@ def search_weight(
     for w in grid:
         j = check_against_dense(
             evaluator, Verifier(Verification.diversed, weight=w), skip, ref, eps=eps, confidence=confidence,
-            relative=relative,
+            relative=relative, eps_abs=eps_abs,
         )
         rows.append(
             {"weight": w, "accept_length": j.accept_length, "metric": j.metric, "lower": j.lower,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import LogisticPolicy, ThresholdPolicy
 from tss_opt.decoding.verify.relaxed import (
     RelaxedVerificationError,
@@ -190,6 +191,7 @@ def tune_relaxed(
     eps: float = 0.05,
     confidence: float = 0.8,
     relative: bool = True,
+    eps_abs: float = DEFAULT_EPS_METRIC_ABS,
     learn: bool = True,
     reference: EvalResult | None = None,
 ) -> RelaxedChoice:
@@ -204,7 +206,8 @@ def tune_relaxed(
         tau_draft, tau_target: CoSpec's threshold baseline.
         epochs, lr, step_cost, sigma, init_weight, seed: the REINFORCE settings
             (:func:`train_diversed_weight`, :func:`train_cospec_policy`).
-        eps, confidence, relative: the paired metric rule (the search's).
+        eps, confidence, relative, eps_abs: the paired metric rule (the search's ``eps_metric``,
+            ``confidence``, ``relative``, ``eps_metric_abs``).
         learn: also train and judge the learned rule.
         reference: the dense exact run on the same prompts (computed when not given; pass it
             to tune both modes against one reference).
@@ -219,7 +222,7 @@ def tune_relaxed(
         )
     grid = [check_weight(w) for w in weights]
     skip = frozenset(int(i) for i in skip)
-    rule = {"eps": eps, "confidence": confidence, "relative": relative}
+    rule = {"eps": eps, "confidence": confidence, "relative": relative, "eps_abs": eps_abs}
     ref = reference
     if ref is None:
         ref = dense_reference(evaluator)
