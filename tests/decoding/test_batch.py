@@ -192,4 +192,8 @@ def test_the_batch_latency_table_is_measured_once_and_cached(target, tmp_path):
     first = load_or_measure_batch_latency(target, tmp_path)
     files = list(tmp_path.glob("batch-latency-*.json"))
     assert len(files) == 1 and first.rows == (1, 2, 4, 8, 16, 32)
+    # Monotone: more rows or more tokens never measure faster (noise cannot invert the table).
+    s = first.seconds
+    assert all(s[i][j] <= s[i + 1][j] for i in range(len(s) - 1) for j in range(len(s[0])))
+    assert all(s[i][j] <= s[i][j + 1] for i in range(len(s)) for j in range(len(s[0]) - 1))
     assert load_or_measure_batch_latency(target, tmp_path) == first  # read back, not measured again

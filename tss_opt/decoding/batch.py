@@ -44,6 +44,10 @@ from tss_opt.decoding.verify.relaxed import Verifier
 
 __all__ = ["BatchEngine", "Row", "RowStep"]
 
+# Positions a row's cache holds beyond its prompt and output: a draft tree's slots while it
+# is verified (a larger tree grows the buffer once).
+TREE_ROOM = 64
+
 
 @dataclass(eq=False)
 class Row:
@@ -220,7 +224,9 @@ class BatchEngine:
             if not row.started:
                 row.state = row.engine.start(row.prompt, row.max_new_tokens, row.skip, row.temperature, row.seed)
                 prefill_skip = row.skip if row.scope == "all" else frozenset()
-                inputs.append(RaggedRow(cache=self.target.new_cache(), skip=prefill_skip, prompt=row.prompt))
+                # Room for the request and a draft tree: appends in place, no copy per step.
+                cache = self.target.new_cache(capacity=len(row.prompt) + row.max_new_tokens + TREE_ROOM)
+                inputs.append(RaggedRow(cache=cache, skip=prefill_skip, prompt=row.prompt))
                 trees.append(None)
             else:
                 s = row.state

@@ -46,8 +46,10 @@ class TargetModel:
         """Context manager: batch row ``r`` bypasses ``row_skips[r]`` (grouped trials)."""
         return self.skipper.apply_rows(row_skips)
 
-    def new_cache(self) -> SkipAwareCache:
-        return SkipAwareCache(config=self.model.config)
+    def new_cache(self, capacity: int | None = None) -> SkipAwareCache:
+        """An empty KV cache; ``capacity`` (positions): layers append in place into buffers
+        of that size instead of concatenating (``cache.InPlaceLayer``)."""
+        return SkipAwareCache(config=self.model.config, capacity=capacity)
 
     def check_fits(self, prompt_len: int, max_new_tokens: int, max_draft: int = 0) -> None:
         need = prompt_len + max_new_tokens + max_draft + 1
