@@ -114,6 +114,10 @@ def test_library_bars_are_off_without_a_terminal_and_kept_on_one(monkeypatch: py
     from tss_opt.progress import quiet_library_bars
 
     try:
+        # On (a model loaded earlier in this session without a terminal may have turned them
+        # off): on a terminal they must stay on.
+        tl.enable_progress_bar()
+        enable_progress_bars()
         monkeypatch.setattr(sys, "stderr", FakeTTY())
         quiet_library_bars()
         assert tl.is_progress_bar_enabled() and not are_progress_bars_disabled()
