@@ -100,6 +100,23 @@ class ExportSummary:
         return data
 
 
+def summary_fields(
+    out: str | os.PathLike[str], domain: str, entry: Any, model_id: str, num_layers: int, layers: int, force: bool
+) -> dict[str, Any]:
+    """The fields every export's summary shares (the Hugging Face checkpoint's and the GGUF's)."""
+    return {
+        "out": str(out),
+        "domain": domain,
+        "skip_set": tuple(entry.skip_set),
+        "source_model": model_id,
+        "source_layers": num_layers,
+        "layers": layers,
+        "scope": entry.scope,
+        "forced": bool(force and entry.scope != "all" and entry.skip_set),
+        "dense": not entry.skip_set,
+    }
+
+
 def entry_to_export(mapping: DomainMapping, domain: str) -> MappingEntry:
     """The mapping entry of ``domain``.
 
@@ -289,17 +306,7 @@ def export_domain_checkpoint(
     check_exportable(entry, force=force)
     check_out_dir(out)
     kept = delete_layers(model, entry.skip_set, layers_path)
-    summary = ExportSummary(
-        out=str(out),
-        domain=domain,
-        skip_set=tuple(entry.skip_set),
-        source_model=model_id,
-        source_layers=num_layers,
-        layers=len(kept),
-        scope=entry.scope,
-        forced=bool(force and entry.scope != "all" and entry.skip_set),
-        dense=not entry.skip_set,
-    )
+    summary = ExportSummary(**summary_fields(out, domain, entry, model_id, num_layers, len(kept), force))
     save_checkpoint(model, tokenizer, out, export_info(summary, entry, kept, mapping))
     return summary
 

@@ -42,6 +42,7 @@ from tss_opt.mapping.checkpoint import (
     check_exportable,
     entry_to_export,
     export_info,
+    summary_fields,
 )
 from tss_opt.mapping.format import DomainMapping, MappingEntry
 
@@ -461,15 +462,7 @@ def export_domain_gguf(
     if not kept:
         raise GGUFExportError(f"the skip set deletes all {num_layers} layers; nothing would be left to export")
     summary = GGUFExportSummary(
-        out=str(gguf_path),
-        domain=domain,
-        skip_set=tuple(entry.skip_set),
-        source_model=model_id,
-        source_layers=num_layers,
-        layers=len(kept),
-        scope=entry.scope,
-        forced=bool(force and entry.scope != "all" and entry.skip_set),
-        dense=not entry.skip_set,
+        **summary_fields(gguf_path, domain, entry, model_id, num_layers, len(kept), force),
         card=str(card_path),
         outtype=str(outtype),
         source_gguf=str(source),
