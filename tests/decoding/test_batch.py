@@ -18,8 +18,8 @@ from tss_opt.decoding.batch_budget import (
 )
 from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.sizing.latency import TreeSizingError
 from tss_opt.decoding.target import TargetModel
-from tss_opt.decoding.tree_latency import TreeSizingError
 
 N_NEW = 20
 

@@ -16,16 +16,20 @@ from tss_opt.decoding.drafters import build_drafter
 from tss_opt.decoding.drafters.errors import DrafterConfigError
 from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
-from tss_opt.decoding.target import TargetModel
-from tss_opt.decoding.tree_sizing import (
+from tss_opt.decoding.sizing import (
     CONTEXT_BUCKETS,
     ENV_DIR,
     AcceptanceProfile,
+    ContextSized,
     LatencyTable,
+    choose_tree,
+    load_or_measure_draft_cost,
     load_or_measure_latency,
+    load_profile,
     save_profile,
     sized_chain,
 )
+from tss_opt.decoding.target import TargetModel
 from tss_opt.models import LoadedModel
 
 CPU_LIKE = {0: 1.0, 1: 2.0, 4: 5.0, 16: 17.0}  # every node costs a plain step: nothing pays
@@ -84,8 +88,6 @@ def test_chain_length_is_the_argmax_by_hand() -> None:
     # p(depth 1) = 0.6, p(depth >= 2) = 0.8 (conditional). Expected tokens for a chain of n:
     # 1 + 0.6 (1 + 0.8 + ... + 0.8^(n-1)): n=1 1.6, n=2 2.08, n=3 2.464.
     # Latency 0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0 -> rates 1.0, 1.067, 1.300, 1.232: n = 2.
-    from tss_opt.decoding.tree_sizing import choose_tree
-
     prof = AcceptanceProfile(rank_accept=((0.6,), (0.8,)))
     choice = choose_tree({0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0}, prof, sizes=range(1, 4), max_depth=3)
     assert choice.nodes == 2 and choice.template.parents == (-1, 0)
@@ -104,7 +106,7 @@ def test_pld_auto_is_sized(target64: TargetModel, tiny64: LoadedModel, tmp_path:
     assert build_drafter({"name": "pld"}, target64, tiny64).num_tokens == 10
     d = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
     assert isinstance(d, PromptLookupDrafter) and d.num_tokens == 2 and d.choice is not None
-    assert d.num_tokens == sized_chain(target64, "pld", max_tokens=10).nodes
+    assert d.num_tokens == sized_chain(target64, load_profile("pld"), max_tokens=10).nodes
     assert build_drafter({"name": "pld", "num_tokens": 7}, target64, tiny64).num_tokens == 7  # fixed
     _seed(target64, tmp_path, CPU_LIKE)
     off = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
@@ -117,14 +119,12 @@ def test_pld_auto_sizes_the_chain_for_the_context(target64: TargetModel, tiny64:
     """A node that is cheap after 64 tokens is dear after 1,000 (this CPU, float32: 2-5 % of
     a plain step against 25 %): the chain is chosen per context bucket, stays lossless, and
     proposals remain a function of the context alone."""
-    from tss_opt.decoding.tree_sizing import ContextSizedChain
-
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     # Short contexts: chain of 2 (the hand-computed case above). Long: every node costs a
     # plain step, so nothing pays.
     _seed(target64, tmp_path, {0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0, 10: 9.0}, long=CPU_LIKE)
     d = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
-    assert isinstance(d.sizer, ContextSizedChain) and sorted(d.sizer.choices) == list(CONTEXT_BUCKETS)
+    assert isinstance(d.sizer, ContextSized) and sorted(d.sizer.choices) == list(CONTEXT_BUCKETS)
     assert [d.sizer(n) for n in (10, 64, 65, 256, 1000, 5000)] == [2, 2, 0, 0, 0, 0]
     assert d.num_tokens == 2 and "context <= 1024: no speculation" in d.sizer.describe()
     short = torch.tensor([5, 6, 7, 8, 5, 6])
@@ -147,7 +147,7 @@ def test_choice_is_a_function_of_the_cached_inputs(target64: TargetModel, tiny64
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Two builds (the engine's, the replay evaluator's) choose the same tree; EAGLE's cost per
     level is measured once and cached, never re-measured per build."""
-    import tss_opt.decoding.tree_sizing as ts
+    import tss_opt.decoding.drafters.eagle as eagle
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     _seed(target64, tmp_path, FLAT)
@@ -158,7 +158,7 @@ def test_choice_is_a_function_of_the_cached_inputs(target64: TargetModel, tiny64
     def boom(*a: Any, **k: Any) -> float:
         raise AssertionError("EAGLE's level cost was measured again instead of read from the cache")
 
-    monkeypatch.setattr(ts, "eagle_level_seconds", boom)
+    monkeypatch.setattr(eagle, "draft_seconds_per_level", boom)
     second = build_drafter(cfg, target64, tiny64)
     assert first.choice.template == second.choice.template and first.total_tokens == second.total_tokens
     for spec in ({"name": "token_recycle"}, {"name": "pld", "num_tokens": "auto"}, {"name": "samd"}):
@@ -218,23 +218,33 @@ def test_model_chain_length_is_the_argmax_by_hand(target64: TargetModel, tmp_pat
     """A chain of k costs k draft forwards plus the verification of k nodes. p = 0.6 then 0.8;
     0.1 s per drafted token; latency 0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 2.0 (5+ extrapolated):
     rates k=1 1.6/1.2 = 1.333, k=2 2.08/1.4 = 1.486, k=3 2.464/1.6 = 1.540, k=4 2.771/2.4 = 1.155."""
-    from tss_opt.decoding.tree_sizing import load_or_measure_draft_cost, sized_model_chain
+    from tss_opt.decoding.drafters.draft_model import sized_model_chain
 
     _seed(target64, tmp_path, {0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 2.0})
     save_profile(AcceptanceProfile(rank_accept=((0.6,), (0.8,))), "self", tmp_path)
     assert load_or_measure_draft_cost(target64, "hand", lambda: 0.1, tmp_path) == 0.1
-
-    def never(k: int) -> Any:
-        raise AssertionError("the cost per drafted token is cached: no drafter should be built to measure it")
-
-    choice = sized_model_chain(target64, "self", never, cost_name="hand", max_tokens=8, directory=tmp_path)
+    prof = load_profile("self", directory=tmp_path)
+    choice = sized_chain(target64, prof, max_tokens=8, token_s=0.1, directory=tmp_path)
     assert choice.nodes == 3 and choice.template.parents == (-1, 0, 1)
     assert choice.step_s == pytest.approx(0.3 + 1.3) and choice.expected_tokens == pytest.approx(2.464)
     rates = {n: r for n, d, r in choice.candidates if n == d}  # chains: depth cap = size
     assert rates[2] == pytest.approx(2.08 / 1.4) and rates[4] == pytest.approx(2.7712 / 2.4)
-    # A draft model that costs as much as a verification step: no chain pays.
+
+    built: list[int] = []
+
+    def make(k: int) -> Any:
+        built.append(k)
+        return PromptLookupDrafter(num_tokens=k)  # any drafter: only its construction is checked
+
+    # The cached cost is read, never measured again; every bucket (same table) chooses 3.
+    drafter = sized_model_chain(target64, "self", make, cost_name="hand", max_tokens=8, directory=tmp_path)
+    assert built == [3] and [drafter.sizer(n) for n in CONTEXT_BUCKETS] == [3, 3, 3]
+    # A draft model that costs as much as a verification step: no chain pays anywhere.
     load_or_measure_draft_cost(target64, "dear", lambda: 1.0, tmp_path)
-    assert sized_model_chain(target64, "self", never, cost_name="dear", max_tokens=8, directory=tmp_path).nodes == 0
+    from tss_opt.decoding.drafter import NoDrafter
+
+    off = sized_model_chain(target64, "self", make, cost_name="dear", max_tokens=8, directory=tmp_path)
+    assert isinstance(off, NoDrafter) and off.choice is not None and off.choice.nodes == 0 and built == [3]
 
 
 MODEL_CHAINS = [
@@ -271,3 +281,43 @@ def test_self_auto_refuses_an_empty_skip_set_before_measuring(target64: TargetMo
     with pytest.raises(DrafterConfigError, match=r"non-empty draft skip set \(drafter.skip\)"):
         build_drafter(_shipped({"name": "self", "skip": [], "num_tokens": "auto"}), target64, tiny64)
     assert not list(tmp_path.glob("*.json"))  # nothing measured
+
+
+# ------------------------------------------------------------ every sized drafter, per context (issue 34)
+PER_CONTEXT = [
+    {"name": "token_recycle"},
+    {"name": "samd"},
+    {"name": "eagle", "random_init": True, "depth": 3, "top_k": 4},
+    {"name": "self", "skip": [1, 2]},
+    {"name": "draft_model"},
+    {"name": "pld", "num_tokens": "auto"},
+]
+
+
+@pytest.mark.parametrize("cfg", PER_CONTEXT, ids=[c["name"] for c in PER_CONTEXT])
+def test_every_sized_default_drafts_per_context(target64: TargetModel, tiny64: LoadedModel, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, cfg: dict[str, Any]) -> None:
+    """Trees are cheap after 64 cached tokens and dear beyond (as on this CPU): every drafter
+    that sizes (its shipped default) drafts on a short context, proposes nothing on a long
+    one, and stays lossless on both."""
+    from tss_opt.decoding.sizing import RANK_PRIOR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _seed(target64, tmp_path, FLAT, long=CPU_LIKE)
+    for name in ("samd", "self", "draft_model"):  # confident chains: the flat table pays for them
+        save_profile(AcceptanceProfile(rank_accept=((0.9,),)), name, tmp_path)
+    save_profile(AcceptanceProfile(rank_accept=RANK_PRIOR), "token_recycle", tmp_path)
+    drafter = build_drafter(_shipped(cfg), target64, tiny64)
+    sizers = [p.sizer for p in (drafter, getattr(drafter, "fallback", None)) if getattr(p, "sizer", None)]
+    assert sizers, f"{cfg['name']}'s shipped default is not sized"
+    for sizer in sizers:
+        assert sorted(sizer.choices) == list(CONTEXT_BUCKETS)
+        assert sizer.nodes(64) > 0 and sizer.nodes(65) == sizer.nodes(1000) == 0, sizer.describe()
+    span = torch.arange(12) % 6 + 3  # repeats: prompt lookup and SAM find matches
+    short, long = span, torch.cat([torch.arange(300) % 97 + 10, span])
+    engine = SpeculativeEngine(target64, drafter)
+    plain = SpeculativeEngine(target64)
+    for prompt, drafts in ((short, True), (long, False)):
+        out = engine.generate(prompt, max_new_tokens=12)
+        assert torch.equal(out.tokens, plain.generate(prompt, max_new_tokens=12).tokens)
+        assert (out.stats.draft_proposed > 0) == drafts, (cfg["name"], prompt.numel(), out.stats)

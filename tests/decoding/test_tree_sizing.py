@@ -1,4 +1,4 @@
-"""Hardware-sized trees (decoding/tree_sizing.py): the choice is the argmax of the expected
+"""Hardware-sized trees (decoding/sizing/): the choice is the argmax of the expected
 rate, latency tables are measured and cached per key, profiles are measured from the engine's
 own verification, and every chosen size keeps greedy outputs identical to plain decoding."""
 
@@ -12,20 +12,20 @@ import torch
 
 from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
-from tss_opt.decoding.target import TargetModel
-from tss_opt.decoding.tree import DraftTree
-from tss_opt.decoding.tree_sizing import (
+from tss_opt.decoding.sizing import (
+    CONTEXT_BUCKETS,
     ENV_DIR,
-    AcceptanceCounter,
     AcceptanceProfile,
     LatencyTable,
     TreeSizingError,
     best_tree,
     choose_tree,
     load_or_measure_latency,
-    measure_acceptance,
     save_profile,
 )
+from tss_opt.decoding.sizing.measure import AcceptanceCounter, measure_acceptance
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.models import LoadedModel
 
 FLAT = AcceptanceProfile(rank_accept=((0.6, 0.3),), name="flat")
@@ -204,9 +204,7 @@ def test_profile_measured_from_the_engine(target64: TargetModel) -> None:
 def test_sized_drafter_is_lossless(target64: TargetModel, tmp_path: Path, latency: dict[int, float]) -> None:
     (tmp_path / "latency-x.json").write_text("{}")  # ignored: not this key
     # Seed this key's cache with a chosen table, so sized_to picks the size under test.
-    t = load_or_measure_latency(target64, tmp_path, sizes=(0, 1))
-    path = next(p for p in tmp_path.glob("latency-*.json") if p.name != "latency-x.json")
-    path.write_text(json.dumps(LatencyTable(latency, t.key, t.measured_at).to_dict()))
+    _seed_latency(target64, tmp_path, latency)
     save_profile(AcceptanceProfile(rank_accept=((0.6, 0.3, 0.2, 0.1),)), "token_recycle", tmp_path)
     drafter = TokenRecycleDrafter.sized_to(target64, top_k=4, directory=tmp_path)
     assert drafter.choice is not None and len(drafter.template) == drafter.choice.nodes
@@ -220,18 +218,20 @@ def test_sized_drafter_is_lossless(target64: TargetModel, tmp_path: Path, latenc
 
 
 def _seed_latency(target: TargetModel, directory: Path, latency: dict[int, float]) -> None:
-    t = load_or_measure_latency(target, directory, sizes=(0, 1))
-    path = next(directory.glob("latency-*.json"))
-    path.write_text(json.dumps(LatencyTable(latency, t.key, t.measured_at).to_dict()))
+    """Every context bucket's table of this key := ``latency``."""
+    for ctx in CONTEXT_BUCKETS:
+        t = load_or_measure_latency(target, directory, sizes=(0, 1), prefix_len=ctx)
+        for path in directory.glob("latency-*.json"):
+            if path.name != "latency-x.json" and LatencyTable.from_dict(json.loads(path.read_text())).prefix_len == ctx:
+                path.write_text(json.dumps(LatencyTable(latency, t.key, t.measured_at, prefix_len=ctx).to_dict()))
 
 
 @pytest.mark.parametrize("latency", [{0: 1e-3, 1: 1.0}, {0: 1.0, 8: 1.0, 16: 1.0}])
 def test_sized_eagle_is_lossless_or_plain(
     tiny64: LoadedModel, target64: TargetModel, tmp_path: Path, latency: dict[int, float]
 ) -> None:
-    from tss_opt.decoding.drafters.eagle import EagleDrafter, random_eagle_head
+    from tss_opt.decoding.drafters.eagle import EagleDrafter, random_eagle_head, sized_eagle
     from tss_opt.decoding.engine import NoDrafter
-    from tss_opt.decoding.tree_sizing import sized_eagle
 
     _seed_latency(target64, tmp_path, latency)
     save_profile(AcceptanceProfile(rank_accept=((0.6, 0.3, 0.2, 0.1),)), "eagle", tmp_path)

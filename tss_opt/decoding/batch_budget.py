@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tss_opt.decoding.tree_latency import (
+from tss_opt.decoding.sizing.latency import (
     TreeSizingError,
     _key_file,
     _warn_if_busy,

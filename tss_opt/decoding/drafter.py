@@ -13,11 +13,16 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from tss_opt.decoding.sizing.choice import RANK_PRIOR, Prior
 from tss_opt.decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.sizing.choice import TreeChoice
+    from tss_opt.decoding.sizing.context import ContextSized
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,20 @@ class Drafter(ABC):
                 last prompt position only (projecting every prompt position costs too much).
             hidden: ``torch.FloatTensor`` of shape ``(prompt_len, hidden)``.
         """
+
+    # ------------------------------------------------------------------------- sizing
+    #: The acceptance by (depth, rank) the sizer assumes until a profile of this drafter is
+    #: measured (:mod:`tss_opt.decoding.sizing`); each drafter class declares its own.
+    sizing_prior: ClassVar[Prior] = RANK_PRIOR
+    #: Set when the drafter is sized to the hardware (a size setting ``auto``): its choice per
+    #: context bucket, read at every :meth:`propose` (so the size is a function of the context
+    #: length alone). ``None``: a fixed size.
+    sizer: ContextSized | None = None
+
+    @property
+    def choice(self) -> TreeChoice | None:
+        """The sized choice for the shortest context (``None``: a fixed size); ``sizer`` has all."""
+        return None if self.sizer is None else self.sizer.first
 
 
 class NoDrafter(Drafter):

@@ -15,8 +15,8 @@ from tss_opt.decoding.drafters import (
     VerifyFeedback,
     load_template,
 )
-from tss_opt.decoding.drafters.templates import best_first_template, builtin_templates
 from tss_opt.decoding.drafters.token_recycle import AdjacencyTable
+from tss_opt.decoding.templates import best_first_template, builtin_templates
 from tss_opt.decoding.tree import DraftTree
 
 V = 10

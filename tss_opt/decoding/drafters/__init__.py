@@ -17,12 +17,12 @@ from tss_opt.decoding.drafters.registry import (
     build_drafter,
 )
 from tss_opt.decoding.drafters.sam import SamdDrafter, SuffixAutomaton
-from tss_opt.decoding.drafters.templates import (
+from tss_opt.decoding.drafters.token_recycle import AdjacencyTable, TokenRecycleDrafter
+from tss_opt.decoding.templates import (
     TemplateError,
     TreeTemplate,
     load_template,
 )
-from tss_opt.decoding.drafters.token_recycle import AdjacencyTable, TokenRecycleDrafter
 
 __all__ = [
     "AdjacencyTable",

@@ -7,17 +7,29 @@ draft tokens, and it applies its skip set through the one skip mechanism.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tss_opt.decoding.cache import SkipAwareCache, crop_to
-from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter
 from tss_opt.decoding.host_syncs import upload
+from tss_opt.decoding.sizing import (
+    MODEL_CHAIN_PRIOR,
+    ContextSized,
+    load_or_measure_draft_cost,
+    load_profile,
+    sized_chain,
+)
+from tss_opt.decoding.sizing.measure import draft_seconds_per_token
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.target import TargetModel
 
 
 class DraftModelDrafter(Drafter):
@@ -25,7 +37,7 @@ class DraftModelDrafter(Drafter):
 
     Args:
         model: a transformers causal LM with the target's vocabulary.
-        num_tokens: chain length per step.
+        num_tokens: chain length per step (at most; ``sizer`` overrides it).
         temperature: 0 drafts greedily (``probs`` left unset); > 0 samples and returns ``q``.
         skip: layers of ``model`` bypassed while drafting (self-drafting); empty otherwise.
         layers_path: where ``model`` keeps its decoder layers (for ``skip``).
@@ -33,6 +45,8 @@ class DraftModelDrafter(Drafter):
             ``softmax(logits)`` per node (``DraftTree.probs`` with ``sampled=False``), which
             relaxed verification (``verification=diversed|cospec``) blends with the target's;
             exact verification ignores it. The engine turns it on for those modes.
+        sizer: the chain length per context length (``num_tokens=auto``,
+            :func:`sized_model_chain`); 0 drafts nothing (no forward of the draft model).
 
     A node's confidence is the draft model's softmax probability of its token.
     """
@@ -40,6 +54,7 @@ class DraftModelDrafter(Drafter):
     #: Its trees carry confidences (TAPS routing), it gives ``probs`` (relaxed verification),
     #: and its proposals depend on the context only (``evaluator=replay``).
     capabilities = DrafterCapabilities(confidence=True, distribution=True, replayable=True)
+    sizing_prior = MODEL_CHAIN_PRIOR
 
     def __init__(
         self,
@@ -50,11 +65,13 @@ class DraftModelDrafter(Drafter):
         layers_path: str = "model.layers",
         seed: int = 0,
         return_probs: bool = False,
+        sizer: ContextSized | None = None,
     ) -> None:
         if num_tokens < 1:
             raise ValueError(f"draft num_tokens={num_tokens}; expected >= 1")
         self.model = model
         self.num_tokens = num_tokens
+        self.sizer = sizer
         self.temperature = temperature
         self.skip = frozenset(int(i) for i in skip)
         self._skipper = SkipController.for_model(model, layers_path) if self.skip else None
@@ -101,7 +118,9 @@ class DraftModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, context: torch.Tensor) -> DraftTree:
-        num_tokens = self.num_tokens if self._max_depth is None else min(self.num_tokens, self._max_depth)
+        num_tokens = self.num_tokens if self.sizer is None else self.sizer(int(context.numel()))
+        if self._max_depth is not None:
+            num_tokens = min(num_tokens, self._max_depth)
         if num_tokens < 1:
             return DraftTree.empty()
         if self._cache is None:
@@ -157,3 +176,38 @@ class SelfDrafter(DraftModelDrafter):
         if not skip:
             raise ValueError("self-drafting needs a non-empty draft skip set (drafter.skip), e.g. [4, 5, 6, 7]")
         super().__init__(target_model, num_tokens=num_tokens, skip=skip, **kwargs)
+
+
+def sized_model_chain(
+    target: TargetModel,
+    profile: str,
+    make: Callable[[int], Drafter],
+    *,
+    cost_name: str,
+    max_tokens: int = 8,
+    directory: str | Path | None = None,
+) -> Drafter:
+    """``num_tokens=auto`` for model-drafted chains (``draft_model``, ``self``, ``t2d``): per
+    context bucket, the chain length ``0..max_tokens`` maximising expected tokens per second,
+    where a chain of ``k`` costs ``k`` draft forwards plus the verification of ``k`` nodes.
+
+    Args:
+        profile: the acceptance profile's name (``profile-<profile>.json``, else
+            :attr:`DraftModelDrafter.sizing_prior`).
+        make: builds the drafter with a given chain length (used to measure the cost per
+            drafted token once, cached as ``draft-<cost_name>-<key>.json``, and to build it).
+        cost_name: names the draft model in the cache (one file per draft model or skip set).
+
+    Returns:
+        The drafter with its ``sizer``, or :class:`NoDrafter` (with the ``sizer`` that says
+        why) when no length pays at any context.
+    """
+    token_s = load_or_measure_draft_cost(
+        target, cost_name, lambda: draft_seconds_per_token(target, make(max_tokens)), directory
+    )
+    accept = load_profile(profile, DraftModelDrafter.sizing_prior, directory)
+    sizer = ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
+                                                       token_s=token_s, directory=directory))
+    drafter = NoDrafter() if sizer.never_speculates else make(max(c.nodes for c in sizer.choices.values()))
+    drafter.sizer = sizer
+    return drafter

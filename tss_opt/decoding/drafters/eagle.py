@@ -12,13 +12,14 @@ The head (eagle_head.py) and its checkpoints (eagle_checkpoint.py) are re-export
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
 
 from tss_opt.decoding.cache import crop_to
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter, VerifyFeedback
 from tss_opt.decoding.drafters.eagle_checkpoint import (
     CONFIG_FILE,
     TRAINING_FILE,
@@ -37,7 +38,18 @@ from tss_opt.decoding.drafters.eagle_head import (
     random_eagle_head,
 )
 from tss_opt.decoding.host_syncs import upload
+from tss_opt.decoding.sizing import (
+    RANK_PRIOR,
+    ContextSized,
+    load_or_measure_draft_cost,
+    load_profile,
+    sized_tree,
+)
+from tss_opt.decoding.sizing.measure import draft_seconds_per_level
 from tss_opt.decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.target import TargetModel
 
 __all__ = [
     "CONFIG_FILE",
@@ -104,10 +116,12 @@ class EagleDrafter(Drafter):
     head keeps a KV cache over the committed pairs; tree slots are cropped after each draft.
     """
 
-    needs_prefill_feedback = True
-    gives_confidence = True  # the head's softmax probability of each node given its parent
-    gives_distribution = True  # with return_probs: the head's distribution behind every node
-    replayable = True  # proposals depend on the context and target features of committed tokens
+    # Confidence: the head's softmax probability of each node given its parent; distribution:
+    # with return_probs, the head's distribution behind every node; replayable: proposals
+    # depend on the context and the target features of committed tokens.
+    capabilities = DrafterCapabilities(prefill_feedback=True, confidence=True, distribution=True, replayable=True)
+    # Until a trained head's profile is measured (profile-eagle.json): Token Recycling's prior.
+    sizing_prior = RANK_PRIOR
 
     def __init__(
         self,
@@ -117,6 +131,7 @@ class EagleDrafter(Drafter):
         top_k: int = 8,
         return_probs: bool = False,
         draft_vocab: int | None = None,
+        sizer: ContextSized | None = None,
     ) -> None:
         if total_tokens < 2 or depth < 1 or top_k < 1:
             raise ValueError(
@@ -126,6 +141,7 @@ class EagleDrafter(Drafter):
         self.head = head
         self.total_tokens = total_tokens
         self.depth = depth
+        self.sizer = sizer
         self.top_k = top_k
         self.return_probs = return_probs
         p = next(head.parameters())
@@ -214,6 +230,11 @@ class EagleDrafter(Drafter):
                 f"(expected {n_ctx - 1}); it must be driven by SpeculativeEngine, which calls prefill_feedback "
                 "and update with the target's hidden states"
             )
+        if self.sizer is not None:  # total_tokens=auto: this context's budget (none: a plain step)
+            choice = self.sizer.at(n_ctx)
+            if not choice.nodes:
+                return DraftTree.empty()
+            self.total_tokens, self.depth = choice.nodes + 1, choice.template.max_depth
         if self._cache is None:
             self._cache = self.head.new_cache()
         n_pairs = n_ctx - 1  # pair j = (t[j+1], f[j])
@@ -353,3 +374,38 @@ class EagleDrafter(Drafter):
             sampled=False,
         )
         return tree, torch.tensor([scores[u] for u in keep], dtype=torch.float64)
+
+
+def sized_eagle(
+    target: TargetModel,
+    head: EagleHead,
+    *,
+    depth: int = 6,
+    top_k: int = 8,
+    return_probs: bool = False,
+    directory: str | Path | None = None,
+) -> Drafter:
+    """``drafter=eagle total_tokens=auto``: per context bucket, the EAGLE-2 budget
+    (``total_tokens`` = nodes + 1, depth) that maximises expected tokens per second, from the
+    latency table for that cached length, the ``eagle`` profile (``profile-eagle.json``, else
+    :attr:`EagleDrafter.sizing_prior`) and the head's measured cost per level (cached per
+    hardware key, so every build chooses the same trees); :class:`NoDrafter` when no tree pays
+    at any context (its ``sizer`` says why)."""
+    accept = load_profile("eagle", EagleDrafter.sizing_prior, directory).truncated(top_k)
+    level_s = load_or_measure_draft_cost(
+        target, f"eagle_level_d{depth}_k{top_k}",
+        lambda: draft_seconds_per_level(target, EagleDrafter(head, total_tokens=60, depth=depth, top_k=top_k),
+                                        depth=depth),
+        directory,
+    )
+    sizer = ContextSized(target, lambda n: sized_tree(target, accept, prefix_len=n, max_depth=depth,
+                                                      draft_s=lambda t: level_s * t.max_depth, directory=directory))
+    if sizer.never_speculates:
+        drafter: Drafter = NoDrafter()
+        drafter.sizer = sizer
+        return drafter
+    # The shortest context's budget (or the largest, where that one drafts nothing); each
+    # propose sets its own bucket's.
+    first = sizer.first if sizer.first.nodes else max(sizer.choices.values(), key=lambda c: c.nodes)
+    return EagleDrafter(head, total_tokens=first.nodes + 1, depth=first.template.max_depth, top_k=top_k,
+                        return_probs=return_probs, sizer=sizer)

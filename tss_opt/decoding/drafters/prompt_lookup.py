@@ -12,16 +12,17 @@ a 3-gram match.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
+from tss_opt.decoding.sizing import COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
 from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
-    from tss_opt.decoding.tree_sizing import TreeChoice
+    from tss_opt.decoding.target import TargetModel
 
 
 class PromptLookupDrafter(Drafter):
@@ -32,17 +33,18 @@ class PromptLookupDrafter(Drafter):
             ``num_tokens=auto`` chooses where no chain pays on the hardware).
         max_ngram: longest suffix searched for.
         min_ngram: shortest suffix searched for.
-        sizer: the chain length for a context of ``L`` tokens, overriding ``num_tokens``
-            (``num_tokens=auto``: :class:`~tss_opt.decoding.tree_sizing.ContextSizedChain`,
-            because a verified node costs more after a long context); a function of the
-            context alone, so proposals still depend on the context only.
+        sizer: the chain length per context length, overriding ``num_tokens``
+            (``num_tokens=auto``, :meth:`sized_to`; a verified node costs more after a long
+            context); a function of the context alone, so proposals still depend on the
+            context only.
     """
 
     # Confidence: a match-length heuristic (module docstring); proposals depend on the context only.
     capabilities = DrafterCapabilities(confidence=True, replayable=True)
+    sizing_prior = COPY_CHAIN_PRIOR
 
     def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1,
-                 sizer: Callable[[int], int] | None = None) -> None:
+                 sizer: ContextSized | None = None) -> None:
         if num_tokens < 0 or not 1 <= min_ngram <= max_ngram:
             raise ValueError(
                 f"prompt lookup needs num_tokens >= 0 and 1 <= min_ngram <= max_ngram; got "
@@ -51,8 +53,6 @@ class PromptLookupDrafter(Drafter):
         self.num_tokens = num_tokens
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self.choice: TreeChoice | None = None  # set when sized to the hardware (num_tokens=auto)
-        # num_tokens=auto: the chain length for a context of L tokens (ContextSizedChain).
         self.sizer = sizer
 
     def propose(self, context: torch.Tensor) -> DraftTree:
@@ -73,3 +73,18 @@ class PromptLookupDrafter(Drafter):
                 conf = torch.full((int(cont.numel()),), n / (n + 1), dtype=torch.float32)
                 return DraftTree.chain(cont.clone(), confidence=conf)
         return DraftTree.empty()
+
+    @classmethod
+    def sized_to(
+        cls, target: TargetModel, *, max_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1,
+        profile: str = "pld", directory: str | Path | None = None,
+    ) -> PromptLookupDrafter:
+        """``num_tokens=auto``: per context bucket, the chain length ``0..max_tokens`` that
+        maximises expected tokens per second on this hardware (the latency table for that
+        cached length and the ``profile-<profile>.json`` acceptance, else :attr:`sizing_prior`).
+        ``0`` (no length pays) proposes nothing; the drafter keeps its capabilities as a TAPS
+        member."""
+        accept = load_profile(profile, cls.sizing_prior, directory)
+        sizer = ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
+                                                           directory=directory))
+        return cls(num_tokens=sizer.first.nodes, max_ngram=max_ngram, min_ngram=min_ngram, sizer=sizer)

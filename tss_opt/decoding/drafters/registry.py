@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tss_opt.config import config_dir
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
 from tss_opt.decoding.drafters.errors import DrafterConfigError
+from tss_opt.decoding.sizing import AUTO
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
@@ -39,7 +40,6 @@ __all__ = [
 ]
 
 DrafterBuilder = Callable[..., Drafter]
-AUTO = "auto"  # a size setting (template, num_tokens, total_tokens) sized to the hardware
 _RESERVED = ("name", "_target_")
 MISSING = "???"  # OmegaConf's mandatory value, when a config was converted with resolve only
 
@@ -174,8 +174,8 @@ def build_pld(
     max_tokens: int = 10,
 ) -> Drafter:
     """Prompt lookup (model-free chain) of ``num_tokens`` (default 10, the paper's setting).
-    ``num_tokens="auto"`` sizes the chain to the hardware, ``1..max_tokens`` or no speculation
-    at all (:func:`_sized_pld`).
+    ``num_tokens="auto"`` sizes the chain to the hardware per context length, ``1..max_tokens``
+    or no speculation at all (:meth:`PromptLookupDrafter.sized_to`).
 
     Why pld stays fixed by default while the tree drafters are sized: pld is the search's
     default drafter, and a search measures skip sets under one fixed decoding protocol. A
@@ -186,7 +186,8 @@ def build_pld(
 
     if num_tokens == AUTO:
         _need_target("pld", "num_tokens", target)
-        return _sized_pld(target, max_ngram=max_ngram, min_ngram=min_ngram, max_tokens=max_tokens)
+        return PromptLookupDrafter.sized_to(target, max_tokens=_fixed("pld", "max_tokens", max_tokens),
+                                            max_ngram=max_ngram, min_ngram=min_ngram)
     return PromptLookupDrafter(num_tokens=_fixed("pld", "num_tokens", num_tokens), max_ngram=max_ngram,
                                min_ngram=min_ngram)
 
@@ -211,22 +212,6 @@ def _fixed(drafter: str, setting: str, value: Any) -> int:
     return value
 
 
-def _sized_pld(target: TargetModel, *, max_ngram: int, min_ngram: int, max_tokens: int) -> Drafter:
-    """Prompt lookup with the chain length :class:`~tss_opt.decoding.tree_sizing.ContextSizedChain`
-    chooses for each step's context (a chain that pays after 64 tokens may not after 1,000);
-    ``0`` (no length pays) proposes nothing, and the drafter keeps its capabilities as a TAPS
-    member. ``drafter.choice`` is the choice for the shortest context,
-    ``drafter.sizer.describe()`` lists them all."""
-    from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
-    from tss_opt.decoding.tree_sizing import ContextSizedChain
-
-    sizer = ContextSizedChain(target, "pld", max_tokens=_fixed("pld", "max_tokens", max_tokens))
-    first = min(sizer.choices)
-    drafter = PromptLookupDrafter(num_tokens=sizer(first), max_ngram=max_ngram, min_ngram=min_ngram, sizer=sizer)
-    drafter.choice = sizer.choices[first]
-    return drafter
-
-
 # Weights a drafter only reads (draft models, EAGLE heads), loaded once per process: the
 # evaluator builds a fresh drafter per trial, and reloading weights each time is wasted work.
 # Drafter state (KV caches, tables) lives in the drafter objects, never in these.
@@ -247,15 +232,15 @@ def build_draft_model(
     target: TargetModel,
     loaded: LoadedModel,
     model: Mapping[str, Any] | None = None,
-    num_tokens: int | str = 5,
+    num_tokens: int | str = AUTO,
     temperature: float = 0.0,
     seed: int = 0,
     return_probs: bool = False,
     max_tokens: int = 8,
 ) -> Drafter:
     """A separate small causal LM with the target's vocabulary; ``model`` is a model config.
-    ``num_tokens="auto"`` sizes the chain to the hardware (``1..max_tokens``, or plain
-    decoding when no length pays; :func:`_sized_model_chain`).
+    ``num_tokens="auto"`` sizes the chain to the hardware per context length (``0..max_tokens``;
+    plain decoding when no length pays anywhere; :func:`~tss_opt.decoding.drafters.draft_model.sized_model_chain`).
 
     Its ``device`` and ``dtype`` are the target's, whatever the config says."""
     return _draft_model(target, loaded, model, num_tokens=num_tokens, temperature=temperature, seed=seed,
@@ -275,7 +260,7 @@ def _draft_model(
     drafter: str,
 ) -> Drafter:
     """``draft_model`` and ``t2d`` (``drafter`` names the acceptance profile when sized)."""
-    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter
+    from tss_opt.decoding.drafters.draft_model import DraftModelDrafter, sized_model_chain
     from tss_opt.models import load_model
 
     if not model:
@@ -306,8 +291,8 @@ def _draft_model(
         )
 
     if num_tokens == AUTO:
-        return _sized_model_chain(target, drafter, make, cost_name=f"{drafter}_{_digest(key)}_token",
-                                  max_tokens=max_tokens)
+        return sized_model_chain(target, drafter, make, cost_name=f"{drafter}_{_digest(key)}_token",
+                                 max_tokens=_fixed(drafter, "max_tokens", max_tokens))
     return make(_fixed(drafter, "num_tokens", num_tokens))
 
 
@@ -317,28 +302,12 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
-def _sized_model_chain(
-    target: TargetModel, drafter: str, make: Callable[[int], Drafter], *, cost_name: str, max_tokens: int
-) -> Drafter:
-    """The drafter with the chain length :func:`~tss_opt.decoding.tree_sizing.sized_model_chain`
-    chose, or plain decoding (:class:`~tss_opt.decoding.drafter.NoDrafter`) when no length
-    pays; ``drafter.choice`` says why."""
-    from tss_opt.decoding.drafter import NoDrafter
-    from tss_opt.decoding.tree_sizing import sized_model_chain
-
-    choice = sized_model_chain(target, drafter, make, cost_name=cost_name,
-                               max_tokens=_fixed(drafter, "max_tokens", max_tokens))
-    out = make(choice.nodes) if choice.nodes else NoDrafter()
-    out.choice = choice  # type: ignore[attr-defined]
-    return out
-
-
 @builds("tss_opt.decoding.drafters.draft_model.DraftModelDrafter")
 def build_t2d(
     target: TargetModel,
     loaded: LoadedModel,
     path: str | None = None,
-    num_tokens: int | str = 5,
+    num_tokens: int | str = AUTO,
     temperature: float = 0.0,
     seed: int = 0,
     return_probs: bool = False,
@@ -379,7 +348,7 @@ def build_self(
     target: TargetModel,
     loaded: LoadedModel,
     skip: Iterable[int] = (),
-    num_tokens: int | str = 5,
+    num_tokens: int | str = AUTO,
     temperature: float = 0.0,
     seed: int = 0,
     return_probs: bool = False,
@@ -387,7 +356,7 @@ def build_self(
 ) -> Drafter:
     """Self-drafting: the target under a larger skip set (its own KV cache).
     ``num_tokens="auto"`` sizes the chain as for ``draft_model`` (profile ``self``)."""
-    from tss_opt.decoding.drafters.draft_model import SelfDrafter
+    from tss_opt.decoding.drafters.draft_model import SelfDrafter, sized_model_chain
 
     skip = sorted(int(i) for i in skip)
 
@@ -406,8 +375,8 @@ def build_self(
         _need_target("self", "num_tokens", target)
         if not skip:  # refused before anything is measured
             raise DrafterConfigError("self-drafting needs a non-empty draft skip set (drafter.skip), e.g. [4, 5, 6, 7]")
-        return _sized_model_chain(target, "self", make, cost_name=f"self_{_digest(str(skip))}_token",
-                                  max_tokens=max_tokens)
+        return sized_model_chain(target, "self", make, cost_name=f"self_{_digest(str(skip))}_token",
+                                 max_tokens=_fixed("self", "max_tokens", max_tokens))
     return make(_fixed("self", "num_tokens", num_tokens))
 
 
@@ -437,34 +406,36 @@ def build_samd(
     target: TargetModel,
     loaded: LoadedModel,
     threshold: int = 4,
-    num_tokens: int = 10,
+    num_tokens: int | str = AUTO,
+    max_tokens: int = 10,
     template: Any = AUTO,
     top_k: int = 8,
     keep_table: bool = True,
     fallback: str = "token_recycle",
 ) -> Drafter:
     """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle"); ``fallback="none"``
-    proposes nothing when the match is short (SAM decoding alone, replayable by evaluator=replay)."""
+    proposes nothing when the match is short (SAM decoding alone, replayable by evaluator=replay).
+    ``num_tokens=auto`` (the default) sizes the match chain per context length
+    (``0..max_tokens``), ``template=auto`` the fallback's tree; integers and templates fix them."""
     from tss_opt.decoding.drafter import NoDrafter
-    from tss_opt.decoding.drafters.sam import SamdDrafter
+    from tss_opt.decoding.drafters.sam import SamdDrafter, sized_match_chain
     from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 
-    if fallback == "none":
-        return SamdDrafter(threshold=threshold, num_tokens=num_tokens, fallback=NoDrafter())
-    if fallback != "token_recycle":
+    if fallback not in ("none", "token_recycle"):
         raise DrafterConfigError(
             f"drafter samd: fallback={fallback!r} is not a fallback; expected token_recycle or none"
         )
-    if template == AUTO:
-        _need_target("samd", "template", target)
-    return SamdDrafter(
-        threshold=threshold, num_tokens=num_tokens,
-        fallback=(
-            TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table)
-            if template == AUTO
-            else TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
-        ),
-    )
+    if AUTO in (num_tokens, template):
+        _need_target("samd", "num_tokens" if num_tokens == AUTO else "template", target)
+    sizer = sized_match_chain(target, max_tokens=_fixed("samd", "max_tokens", max_tokens)) if num_tokens == AUTO else None
+    fixed = _fixed("samd", "num_tokens", max_tokens if num_tokens == AUTO else num_tokens)
+    if fallback == "none":
+        aux: Drafter = NoDrafter()
+    elif template == AUTO:
+        aux = TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table)
+    else:
+        aux = TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
+    return SamdDrafter(threshold=threshold, num_tokens=fixed, fallback=aux, sizer=sizer)
 
 
 @builds("tss_opt.decoding.drafters.eagle.EagleDrafter")
@@ -515,8 +486,8 @@ def build_eagle(
         check_draft_vocab(head, draft_vocab)
     except ValueError as e:
         raise DrafterConfigError(str(e)) from e
-    if total_tokens == AUTO:  # sized to the hardware (tree_sizing.py)
-        from tss_opt.decoding.tree_sizing import sized_eagle
+    if total_tokens == AUTO:  # sized to the hardware per context (decoding/sizing)
+        from tss_opt.decoding.drafters.eagle import sized_eagle
 
         # sized with the head's own draft vocabulary (its per-level cost is measured with it);
         # another drafter.draft_vocab below changes that cost, not the tree's correctness

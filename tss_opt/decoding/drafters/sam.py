@@ -12,12 +12,18 @@ fixed n-grams, the match length is unbounded and each step costs amortised O(1).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
+from tss_opt.decoding.sizing import COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
 from tss_opt.decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.target import TargetModel
 
 
 class SuffixAutomaton:
@@ -137,6 +143,8 @@ class SamdDrafter(Drafter):
         num_tokens: chain length proposed from a match (its ``n_predicts``, 10).
         fallback: drafter used when the match is shorter; default a
             :class:`TokenRecycleDrafter` with the builtin 15-node template.
+        sizer: the match chain's length per context length, overriding ``num_tokens``
+            (``num_tokens=auto``, :func:`sized_match_chain`); where it is 0 the fallback drafts.
 
     The automaton is rebuilt per request from the prompt and extended with the committed
     tokens (it catches up from ``context`` in :meth:`propose`, which holds exactly prompt +
@@ -144,8 +152,13 @@ class SamdDrafter(Drafter):
     learns from every verification, whichever drafter proposed the tree.
     """
 
+    # The match chain copies from the context, like prompt lookup (a match of at least
+    # ``threshold`` tokens makes it likelier to hold: a measured profile-samd.json says how much).
+    sizing_prior = COPY_CHAIN_PRIOR
+
     def __init__(
-        self, threshold: int = 4, num_tokens: int = 10, fallback: Drafter | None = None
+        self, threshold: int = 4, num_tokens: int = 10, fallback: Drafter | None = None,
+        sizer: ContextSized | None = None,
     ) -> None:
         if threshold < 1 or num_tokens < 1:
             raise ValueError(
@@ -153,6 +166,7 @@ class SamdDrafter(Drafter):
             )
         self.threshold = threshold
         self.num_tokens = num_tokens
+        self.sizer = sizer
         self.fallback: Drafter = fallback if fallback is not None else TokenRecycleDrafter()
         # What SAMD can do is what its fallback can (the automaton itself needs nothing).
         fb = self.fallback.capabilities
@@ -191,8 +205,9 @@ class SamdDrafter(Drafter):
 
     def propose(self, context: torch.Tensor) -> DraftTree:
         self._sync(context)
-        if self.sam.match_length >= self.threshold:
-            cont = self.sam.continuation(self.num_tokens)
+        num_tokens = self.num_tokens if self.sizer is None else self.sizer(int(context.numel()))
+        if num_tokens and self.sam.match_length >= self.threshold:
+            cont = self.sam.continuation(num_tokens)
             if cont:
                 self.sam_steps += 1
                 ln = self.sam.match_length
@@ -200,3 +215,14 @@ class SamdDrafter(Drafter):
                 return DraftTree.chain(cont, confidence=conf)
         self.fallback_steps += 1
         return self.fallback.propose(context)
+
+
+def sized_match_chain(
+    target: TargetModel, *, max_tokens: int = 10, directory: str | Path | None = None
+) -> ContextSized:
+    """``num_tokens=auto``: per context bucket, the match-chain length ``0..max_tokens`` that
+    maximises expected tokens per second (the ``samd`` profile, else
+    :attr:`SamdDrafter.sizing_prior`)."""
+    accept = load_profile("samd", SamdDrafter.sizing_prior, directory)
+    return ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
+                                                      directory=directory))

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
-from tss_opt.decoding.drafters.templates import (
+from tss_opt.decoding.sizing import RANK_PRIOR, ContextSized, load_profile, sized_tree
+from tss_opt.decoding.templates import (
     TemplateError,
     TreeTemplate,
     load_template,
@@ -29,7 +30,6 @@ from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
-    from tss_opt.decoding.tree_sizing import TreeChoice
 
 DEFAULT_TEMPLATE = "builtin:token_recycle_15.json"
 
@@ -94,6 +94,8 @@ class TokenRecycleDrafter(Drafter):
         keep_table: keep the table across requests (the paper's "hot start"); ``False``
             clears it in :meth:`reset` so every request starts cold.
         max_nodes: node budget for the template (``None``: no limit).
+        sizer: the template per context length, overriding ``template`` (``template=auto``,
+            :meth:`sized_to`).
     """
 
     # The prefill's logits give the last prompt token's row; confidence: the stored probability
@@ -106,6 +108,7 @@ class TokenRecycleDrafter(Drafter):
             "rejected draft-tree nodes, which a replay never computes; use evaluator=engine with this drafter"
         ),
     )
+    sizing_prior = RANK_PRIOR
 
     def __init__(
         self,
@@ -113,6 +116,7 @@ class TokenRecycleDrafter(Drafter):
         top_k: int = 8,
         keep_table: bool = True,
         max_nodes: int | None = None,
+        sizer: ContextSized | None = None,
     ) -> None:
         if top_k < 1:
             raise ValueError(
@@ -128,8 +132,10 @@ class TokenRecycleDrafter(Drafter):
         self.top_k = top_k
         self.keep_table = keep_table
         self.table: AdjacencyTable | None = None
-        self.choice: TreeChoice | None = None  # set by sized_to (template=auto)
+        self.sizer = sizer
         self._levels = self._plan_levels(self.template)
+        # Planned levels per template: a sized drafter switches templates with the context.
+        self._plans: dict[int, tuple[TreeTemplate, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]] = {}
 
     @staticmethod
     def _plan_levels(t: TreeTemplate) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -209,7 +215,17 @@ class TokenRecycleDrafter(Drafter):
         )
 
     def propose(self, context: torch.Tensor) -> DraftTree:
+        if self.sizer is not None:
+            self._use(self.sizer.bucket(int(context.numel())))
         return self.expand(int(context[-1]))
+
+    def _use(self, bucket: int) -> None:
+        """Switch to the sized template of a context bucket (levels planned once per bucket)."""
+        if bucket not in self._plans:
+            assert self.sizer is not None
+            template = self.sizer.choices[bucket].template
+            self._plans[bucket] = (template, self._plan_levels(template))
+        self.template, self._levels = self._plans[bucket]
 
     @classmethod
     def sized_to(
@@ -221,16 +237,12 @@ class TokenRecycleDrafter(Drafter):
         max_depth: int = 8,
         directory: str | Path | None = None,
     ) -> TokenRecycleDrafter:
-        """``template=auto``: the template that maximises expected tokens per second on this
-        hardware (:mod:`tss_opt.decoding.tree_sizing`: the cached verification-latency table
-        and the ``token_recycle`` acceptance profile). An empty template means that no tree
-        pays here: every step is then a plain decoding step."""
-        from tss_opt.decoding.tree_sizing import auto_template
-
-        choice = auto_template(
-            target, "token_recycle", directory=directory, max_depth=max_depth,
-            max_rank=top_k, max_nodes=max_nodes,
-        )
-        drafter = cls(template=choice.template, top_k=top_k, keep_table=keep_table)
-        drafter.choice = choice
-        return drafter
+        """``template=auto``: per context bucket, the template that maximises expected tokens
+        per second on this hardware (:mod:`tss_opt.decoding.sizing`: the latency table for
+        that cached length and the ``token_recycle`` acceptance profile, else
+        :attr:`sizing_prior`). An empty template means that no tree pays there: those steps
+        are plain decoding steps."""
+        accept = load_profile("token_recycle", cls.sizing_prior, directory).truncated(top_k)
+        sizer = ContextSized(target, lambda n: sized_tree(target, accept, prefix_len=n, max_depth=max_depth,
+                                                          max_nodes=max_nodes, directory=directory))
+        return cls(template=sizer.first.template, top_k=top_k, keep_table=keep_table, sizer=sizer)

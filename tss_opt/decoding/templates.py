@@ -30,7 +30,7 @@ BUILTIN_PREFIX = "builtin:"
 # Shipped as package data (pyproject: data/trees/*.json); located relative to this file so it
 # works from a checkout and after ``pip install`` alike.
 # tss_opt/data/trees, found from the package root (this file is tss_opt/decoding/drafters/).
-TREES_DIR = Path(__file__).resolve().parents[2] / "data" / "trees"
+TREES_DIR = Path(__file__).resolve().parents[1] / "data" / "trees"
 
 
 class TemplateError(TSSError):
