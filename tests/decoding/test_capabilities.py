@@ -80,7 +80,7 @@ def test_replay_reads_the_capability():
 def test_config_time_capabilities_come_from_the_builders_class():
     assert drafter_capabilities({"name": "pld"}) == PromptLookupDrafter.capabilities
     assert drafter_capabilities({"name": "t2d"}) == DraftModelDrafter.capabilities
-    assert drafter_capabilities({"_target_": "tss_opt.decoding.drafters.registry.build_eagle"}).distribution
+    assert drafter_capabilities({"_target_": "tss_opt.decoding.drafters.eagle.build_eagle"}).distribution
     assert drafter_capabilities({"_target_": "builtins.print"}) is None  # an unmarked builder
     assert distribution_drafters() == ["draft_model", "eagle", "self", "t2d"]
 
@@ -95,7 +95,7 @@ def test_assembly_refuses_a_relaxed_rule_for_a_drafter_without_distribution():
     from tss_opt.assembly import check_distribution_drafter
 
     check_distribution_drafter("diversed", {"name": "eagle"})
-    check_distribution_drafter("diversed", {"name": "x", "_target_": "tss_opt.decoding.drafters.registry.build_self"})
+    check_distribution_drafter("diversed", {"name": "x", "_target_": "tss_opt.decoding.drafters.draft_model.build_self"})
     for cfg in ({"name": "pld"}, {"name": "samd"}, {"name": "routed"}, {"name": "mine", "_target_": "builtins.print"}):
         with pytest.raises(RelaxedVerificationError, match="gives none; use one of: draft_model, eagle, self, t2d"):
             check_distribution_drafter("diversed", cfg)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.drafters import build_drafter
-from tss_opt.decoding.drafters.errors import DrafterConfigError
 from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.sizing import (

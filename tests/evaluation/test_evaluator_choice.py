@@ -13,12 +13,7 @@ import pytest
 import torch
 
 from tss_opt.assembly import Assembly, build_auto_evaluator, compose_config
-from tss_opt.decoding.drafters.registry import (
-    build_pld,
-    build_samd,
-    build_self,
-    build_token_recycle,
-)
+from tss_opt.decoding.drafters.registry import build_drafter
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.choice import EXACT_BATCHING, EvaluatorChoice, choose_evaluator, runs_replay
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
@@ -32,10 +27,10 @@ EXACT = dict(temperature=0.0, cost="analytic", device="cpu", dtype=torch.float32
 def _choose(drafter="pld", **over):
     drafters = {
         # Model-free builders at fixed sizes (the default, auto, sizes them on the target).
-        "pld": lambda: build_pld(None, None, num_tokens=10),  # type: ignore[arg-type]
-        "token_recycle": lambda: build_token_recycle(None, None, template=TR15),  # type: ignore[arg-type]
-        "samd": lambda: build_samd(None, None, template=TR15),  # type: ignore[arg-type]
-        "samd_none": lambda: build_samd(None, None, fallback="none"),  # type: ignore[arg-type]
+        "pld": lambda: build_drafter({"name": "pld", "num_tokens": 10}, None, None),  # type: ignore[arg-type]
+        "token_recycle": lambda: build_drafter({"name": "token_recycle", "template": TR15}, None, None),  # type: ignore[arg-type]
+        "samd": lambda: build_drafter({"name": "samd", "num_tokens": 10, "template": TR15}, None, None),  # type: ignore[arg-type]
+        "samd_none": lambda: build_drafter({"name": "samd", "num_tokens": 10, "fallback": "none"}, None, None),  # type: ignore[arg-type]
         "none": lambda: None,
     }
     return choose_evaluator(**{**EXACT, **over}, drafter=drafters[drafter](), drafter_name=drafter.split("_none")[0])
@@ -153,7 +148,7 @@ def test_auto_gives_the_engine_figures(tiny64):
 
     for drafter_cfg in ({"name": "pld"}, {"name": "self", "skip": [1, 2]}):
         rt = _runtime(tiny64, drafter_cfg)
-        assert choose_evaluator(**{**EXACT, "dtype": tiny64.model.dtype}, drafter=build_self(rt.target, tiny64, skip=[1, 2])).kind == "replay"
+        assert choose_evaluator(**{**EXACT, "dtype": tiny64.model.dtype}, drafter=build_drafter({"name": "self", "skip": [1, 2], "num_tokens": 5}, rt.target, tiny64)).kind == "replay"
         auto = build_auto_evaluator(compose_config(BASE), runtime=rt)
         engine = build_evaluator(compose_config(BASE + ["evaluator=engine"]), runtime=rt)
         assert isinstance(auto, ReplayEvaluator) and isinstance(engine, SpecDecodeEvaluator)

@@ -11,6 +11,7 @@ from tss_opt.assembly.settings import base_protocol, build_verifier, drafter_con
 
 if TYPE_CHECKING:
     from tss_opt.decoding import Drafter, TargetModel
+    from tss_opt.decoding.drafters.building import WeightCache
     from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.models import LoadedModel
 
@@ -23,17 +24,23 @@ class Assembly:
         loaded: The model, its tokenizer and config.
         target: The verifier with its skip mechanism.
         drafter_cfg: The drafter's config (``conf/drafter/<name>.yaml`` with overrides).
+        weights: Weights drafters only read (draft models, EAGLE heads), loaded once for every
+            drafter this assembly builds (the evaluator builds one per trial).
     """
 
     loaded: LoadedModel
     target: TargetModel
     drafter_cfg: dict[str, Any]
+    weights: WeightCache | None = None
 
     def new_drafter(self) -> Drafter | None:
-        """A fresh drafter (its own state); weights it only reads are shared per process."""
+        """A fresh drafter (its own state); weights it only reads are shared through :attr:`weights`."""
         from tss_opt.decoding.drafters import build_drafter
+        from tss_opt.decoding.drafters.building import WeightCache
 
-        return build_drafter(self.drafter_cfg, self.target, self.loaded)
+        if self.weights is None:
+            self.weights = WeightCache()
+        return build_drafter(self.drafter_cfg, self.target, self.loaded, weights=self.weights)
 
     @property
     def eos_token_ids(self) -> list[int]:

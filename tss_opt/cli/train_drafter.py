@@ -28,7 +28,6 @@ from tss_opt.cli.common import EXIT_INTERRUPTED, hydra_entry
 from tss_opt.config.train import TrainSettings
 from tss_opt.errors import UsageError
 
-TRAINABLE = ("eagle", "t2d")
 GENERAL = "general"
 
 
@@ -77,18 +76,23 @@ def training_domains(cfg: DictConfig, settings: TrainSettings) -> tuple[str, lis
 
 
 def train_drafter(cfg: DictConfig) -> Any:
-    """Dispatch on ``drafter.name``: ``eagle`` (this module), ``t2d`` (tss_opt.training.t2d)."""
+    """Run the training command the chosen drafter's builder declares (``builds(trainer=...)``:
+    ``eagle`` and ``t2d``, below)."""
+    import importlib
+
+    from tss_opt.decoding.drafters.registry import drafter_trainer, trainable_drafters
+
     settings = train_settings(cfg)
     drafter = drafter_config(cfg)
-    name = drafter.get("name")
-    if cfg.get("drafter") is None or name not in TRAINABLE:
+    trainer = drafter_trainer(drafter) if cfg.get("drafter") is not None else None
+    if trainer is None:
+        trainable = trainable_drafters()
         raise UsageError(
-            f"train_drafter trains drafter={' or drafter='.join(TRAINABLE)}; got drafter={name!r}"
-            + (" (the model's default; add drafter=eagle)" if cfg.get("drafter") is None else "")
+            f"train_drafter trains drafter={' or drafter='.join(trainable)}; got drafter={drafter.get('name')!r}"
+            + (f" (the model's default; add drafter={trainable[0]})" if cfg.get("drafter") is None else "")
         )
-    if name == "eagle":
-        return train_eagle_command(cfg, settings, drafter)
-    return train_t2d_command(cfg, settings, drafter)
+    module, _, attr = trainer.rpartition(".")
+    return getattr(importlib.import_module(module), attr)(cfg, settings, drafter)
 
 
 def _probe_prompts(domains: list[Any], tokenizer: Any, n: int) -> list[Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.drafters import (
     EagleDrafter,
     build_drafter,
@@ -18,7 +19,6 @@ from tss_opt.decoding.drafters import (
     save_eagle_head,
 )
 from tss_opt.decoding.drafters.eagle import frequent_tokens
-from tss_opt.decoding.drafters.errors import DrafterConfigError
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.target import TargetModel
 from tss_opt.models import LoadedModel

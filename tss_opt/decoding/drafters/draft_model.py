@@ -7,17 +7,22 @@ draft tokens, and it applies its skip set through the one skip mechanism.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.cache import SkipAwareCache, crop_to
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter
+from tss_opt.decoding.drafters.building import WeightCache, builds, fixed_size, need_target
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.sizing import (
+    AUTO,
     MODEL_CHAIN_PRIOR,
     ContextSized,
     load_or_measure_draft_cost,
@@ -30,6 +35,7 @@ from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
+    from tss_opt.models.loading import LoadedModel
 
 
 class DraftModelDrafter(Drafter):
@@ -211,3 +217,148 @@ def sized_model_chain(
     drafter = NoDrafter() if sizer.never_speculates else make(max(c.nodes for c in sizer.choices.values()))
     drafter.sizer = sizer
     return drafter
+
+
+def _model_chain(
+    target: TargetModel,
+    loaded: LoadedModel,
+    model: Mapping[str, Any] | None,
+    weights: WeightCache | None,
+    *,
+    num_tokens: int | str,
+    temperature: float,
+    seed: int,
+    return_probs: bool,
+    max_tokens: int,
+    drafter: str,
+) -> Drafter:
+    """``draft_model`` and ``t2d`` (``drafter`` names the acceptance profile when sized)."""
+    from tss_opt.models import load_model
+
+    if not model:
+        raise DrafterConfigError(
+            f"drafter {drafter!r} needs drafter.model: a model config mapping (like conf/model/*.yaml)"
+        )
+    if num_tokens == AUTO:
+        need_target(drafter, "num_tokens", target)
+    plain = dict(model)
+    # The draft model runs beside the target: on its device, in its dtype (issue 24: loaded
+    # with its own defaults it ran on the CPU, or on cuda:0 for every launched worker).
+    plain["device"] = str(target.device)
+    plain["dtype"] = loaded.config.dtype
+    key = json.dumps(plain, sort_keys=True, default=str)
+    draft = (weights or WeightCache()).get(f"draft_model:{key}", lambda: load_model(plain))
+    d_vocab = int(draft.model.get_input_embeddings().weight.shape[0])
+    t_vocab = int(target.model.get_input_embeddings().weight.shape[0])
+    if d_vocab != t_vocab:
+        raise DrafterConfigError(
+            f"draft model {draft.config.name!r} has a vocabulary of {d_vocab} but the target has {t_vocab}; "
+            "a draft model must share the target's tokenizer"
+        )
+
+    def make(k: int) -> Drafter:
+        return DraftModelDrafter(
+            draft.model, num_tokens=k, temperature=temperature, layers_path=draft.config.layers_path, seed=seed,
+            return_probs=return_probs,
+        )
+
+    if num_tokens == AUTO:
+        return sized_model_chain(target, drafter, make, cost_name=f"{drafter}_{_digest(key)}_token",
+                                 max_tokens=fixed_size(drafter, "max_tokens", max_tokens))
+    return make(fixed_size(drafter, "num_tokens", num_tokens))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+@builds(DraftModelDrafter)
+def build_draft_model(
+    target: TargetModel,
+    loaded: LoadedModel,
+    *,
+    model: Mapping[str, Any] | None,
+    num_tokens: int | str,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    return_probs: bool,
+    weights: WeightCache | None = None,
+) -> Drafter:
+    """A separate small causal LM with the target's vocabulary; ``model`` is a model config.
+    ``num_tokens="auto"`` (the default) sizes the chain per context length (``0..max_tokens``;
+    plain decoding when no length pays anywhere; :func:`sized_model_chain`).
+
+    Its ``device`` and ``dtype`` are the target's, whatever the config says."""
+    return _model_chain(target, loaded, model, weights, num_tokens=num_tokens, temperature=temperature, seed=seed,
+                        return_probs=return_probs, max_tokens=max_tokens, drafter="draft_model")
+
+
+@builds(DraftModelDrafter, trainer="tss_opt.cli.train_drafter.train_t2d_command")
+def build_t2d(
+    target: TargetModel,
+    loaded: LoadedModel,
+    *,
+    path: str | None = None,
+    num_tokens: int | str,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    return_probs: bool,
+    train: Mapping[str, Any] | None = None,
+    weights: WeightCache | None = None,
+) -> Drafter:
+    """T2D: the pruned, distilled copy of the target that ``train_drafter drafter=t2d`` saved
+    in ``path``, drafting as ``draft_model`` does. ``train`` holds the training settings
+    (``tss_opt.config.t2d.T2DSettings``) and is not used for decoding."""
+    if not path:
+        raise DrafterConfigError(
+            "drafter 't2d' needs drafter.path: the folder written by `python -m tss_opt.cli.train_drafter "
+            "+domain=NAME drafter=t2d` (e.g. storage/drafters/NAME/t2d)"
+        )
+    if not (Path(path).expanduser() / "config.json").is_file():
+        raise DrafterConfigError(
+            f"drafter.path={path!r} holds no T2D drafter (no config.json there); train one with "
+            "`python -m tss_opt.cli.train_drafter +domain=NAME drafter=t2d` or fix the path"
+        )
+    model = {
+        "name": "t2d",
+        "source": "hf",
+        "path": str(Path(path).expanduser()),
+        "num_layers": 0,  # whatever the search kept
+        "dtype": loaded.config.dtype,
+        "device": loaded.config.device,
+        "attn_implementation": loaded.config.attn_implementation,
+        "layers_path": loaded.config.layers_path,
+    }
+    return _model_chain(target, loaded, model, weights, num_tokens=num_tokens, temperature=temperature, seed=seed,
+                        return_probs=return_probs, max_tokens=max_tokens, drafter="t2d")
+
+
+@builds(SelfDrafter)
+def build_self(
+    target: TargetModel,
+    loaded: LoadedModel,
+    *,
+    skip: Iterable[int] | None = None,
+    num_tokens: int | str,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    return_probs: bool,
+) -> Drafter:
+    """Self-drafting: the target under a larger skip set (its own KV cache).
+    ``num_tokens="auto"`` (the default) sizes the chain as for ``draft_model`` (profile ``self``)."""
+    layers = sorted(int(i) for i in (skip or ()))
+
+    def make(k: int) -> Drafter:
+        return SelfDrafter(target.model, skip=layers, num_tokens=k, temperature=temperature,
+                           layers_path=loaded.config.layers_path, seed=seed, return_probs=return_probs)
+
+    if num_tokens == AUTO:
+        need_target("self", "num_tokens", target)
+        if not layers:  # refused before anything is measured
+            raise DrafterConfigError("self-drafting needs a non-empty draft skip set (drafter.skip), e.g. [4, 5, 6, 7]")
+        return sized_model_chain(target, "self", make, cost_name=f"self_{_digest(str(layers))}_token",
+                                 max_tokens=fixed_size("self", "max_tokens", max_tokens))
+    return make(fixed_size("self", "num_tokens", num_tokens))

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache
 
+from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.cache import crop_to
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter, VerifyFeedback
+from tss_opt.decoding.drafters.building import WeightCache, builds, fixed_size, need_target
 from tss_opt.decoding.drafters.eagle_checkpoint import (
     CONFIG_FILE,
     TRAINING_FILE,
@@ -39,6 +41,7 @@ from tss_opt.decoding.drafters.eagle_head import (
 )
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.sizing import (
+    AUTO,
     RANK_PRIOR,
     ContextSized,
     load_or_measure_draft_cost,
@@ -50,6 +53,7 @@ from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
+    from tss_opt.models.loading import LoadedModel
 
 __all__ = [
     "CONFIG_FILE",
@@ -409,3 +413,63 @@ def sized_eagle(
     first = sizer.first if sizer.first.nodes else max(sizer.choices.values(), key=lambda c: c.nodes)
     return EagleDrafter(head, total_tokens=first.nodes + 1, depth=first.template.max_depth, top_k=top_k,
                         return_probs=return_probs, sizer=sizer)
+
+
+@builds(EagleDrafter, trainer="tss_opt.cli.train_drafter.train_eagle_command")
+def build_eagle(
+    target: TargetModel,
+    loaded: LoadedModel,
+    *,
+    checkpoint: str | None = None,
+    path: str | None,
+    random_init: bool,
+    seed: int,
+    total_tokens: int | str,
+    depth: int,
+    top_k: int,
+    return_probs: bool,
+    draft_vocab: int | None,
+    weights: WeightCache | None = None,
+) -> Drafter:
+    """EAGLE-1 head from ``checkpoint`` (``path`` is its older name, still accepted), or a
+    random head with ``random_init``; EAGLE-2 tree of ``total_tokens`` (``auto``, the
+    default: sized per context length with ``depth`` and ``top_k`` as caps, :func:`sized_eagle`)
+    over the head's draft vocabulary (``draft_vocab``: null = the head's, 0 = the whole
+    vocabulary, N = its N most frequent)."""
+    given = [v for v in (checkpoint, path) if v]
+    if len(given) == 2 and str(checkpoint) != str(path):
+        raise DrafterConfigError(
+            f"drafter 'eagle' got drafter.checkpoint={checkpoint!r} and drafter.path={path!r}; "
+            "path is the older name of checkpoint: give only drafter.checkpoint"
+        )
+    cache = weights or WeightCache()
+    if random_init:
+        head = cache.get(f"random:{seed}", lambda: random_eagle_head(target.model, seed=seed), target.model)
+    elif not given:
+        raise DrafterConfigError(
+            "drafter 'eagle' needs drafter.checkpoint (a directory with config.json + pytorch_model.bin, "
+            "e.g. one written by python -m tss_opt.cli.train_drafter), or drafter.random_init=true for a random head"
+        )
+    else:
+        directory = str(given[0])
+        head = cache.get(f"path:{directory}", lambda: load_eagle_head(directory, target.model), target.model)
+        warn_other_model(directory, loaded.config.name)
+    try:  # a bad setting is refused whatever the sizing below decides (NoDrafter included)
+        check_draft_vocab(head, draft_vocab)
+    except ValueError as e:
+        raise DrafterConfigError(str(e)) from e
+    drafter: Drafter
+    if total_tokens == AUTO:
+        # sized with the head's own draft vocabulary (its per-level cost is measured with it);
+        # another drafter.draft_vocab below changes that cost, not the tree's correctness
+        need_target("eagle", "total_tokens", target)
+        drafter = sized_eagle(target, head, depth=depth, top_k=top_k, return_probs=return_probs)
+    else:
+        drafter = EagleDrafter(head, total_tokens=fixed_size("eagle", "total_tokens", total_tokens), depth=depth,
+                               top_k=top_k, return_probs=return_probs)
+    if isinstance(drafter, EagleDrafter):  # total_tokens=auto may decide that no tree pays (NoDrafter)
+        try:
+            drafter.use_draft_vocab(draft_vocab)
+        except ValueError as e:
+            raise DrafterConfigError(str(e)) from e
+    return drafter

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
-from tss_opt.decoding.sizing import COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
+from tss_opt.decoding.drafters.building import builds, fixed_size, need_target
+from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
 from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
+    from tss_opt.models.loading import LoadedModel
 
 
 class PromptLookupDrafter(Drafter):
@@ -88,3 +90,24 @@ class PromptLookupDrafter(Drafter):
         sizer = ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
                                                            directory=directory))
         return cls(num_tokens=sizer.first.nodes, max_ngram=max_ngram, min_ngram=min_ngram, sizer=sizer)
+
+
+@builds(PromptLookupDrafter)
+def build_pld(
+    target: TargetModel, loaded: LoadedModel, *, num_tokens: int | str, max_ngram: int, min_ngram: int, max_tokens: int
+) -> Drafter:
+    """Prompt lookup (model-free chain) of ``num_tokens`` (conf/drafter/pld.yaml: 10, the
+    paper's setting). ``num_tokens="auto"`` sizes the chain per context length,
+    ``0..max_tokens`` (:meth:`PromptLookupDrafter.sized_to`).
+
+    Why pld stays fixed by default while the other drafters are sized: pld is the search's
+    default drafter, and a search measures skip sets under one fixed decoding protocol. A
+    hardware-chosen chain would differ between the hosts of one shared study, and on a CPU in
+    float32 it often chooses no speculation at all, which leaves every set with accepted
+    length 1. The server serves with ``num_tokens=auto``."""
+    if num_tokens == AUTO:
+        need_target("pld", "num_tokens", target)
+        return PromptLookupDrafter.sized_to(target, max_tokens=fixed_size("pld", "max_tokens", max_tokens),
+                                            max_ngram=max_ngram, min_ngram=min_ngram)
+    return PromptLookupDrafter(num_tokens=fixed_size("pld", "num_tokens", num_tokens), max_ngram=max_ngram,
+                               min_ngram=min_ngram)

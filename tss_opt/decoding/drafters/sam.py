@@ -13,17 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
+from tss_opt.config.drafters import DrafterConfigError
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter, VerifyFeedback
+from tss_opt.decoding.drafters.building import builds, fixed_size, need_target
 from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
-from tss_opt.decoding.sizing import COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
+from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
 from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
+    from tss_opt.models.loading import LoadedModel
 
 
 class SuffixAutomaton:
@@ -226,3 +229,42 @@ def sized_match_chain(
     accept = load_profile("samd", SamdDrafter.sizing_prior, directory)
     return ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
                                                       directory=directory))
+
+
+@builds(SamdDrafter)
+def build_samd(
+    target: TargetModel,
+    loaded: LoadedModel,
+    *,
+    threshold: int,
+    num_tokens: int | str,
+    max_tokens: int,
+    template: Any,
+    top_k: int,
+    keep_table: bool,
+    fallback: str = "token_recycle",
+) -> Drafter:
+    """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle"). ``num_tokens=auto``
+    (the default) sizes the match chain per context length (``0..max_tokens``), ``template=auto``
+    the fallback's tree; integers and templates fix them. ``fallback="none"`` (not in the
+    shipped file: ``+drafter.fallback=none``) proposes nothing when the match is short (SAM
+    decoding alone, replayable by evaluator=replay)."""
+    if fallback not in ("none", "token_recycle"):
+        raise DrafterConfigError(
+            f"drafter samd: fallback={fallback!r} is not a fallback; expected token_recycle or none"
+        )
+    if num_tokens == AUTO:
+        need_target("samd", "num_tokens", target)
+    if template == AUTO and fallback != "none":  # without a fallback there is no tree to size
+        need_target("samd", "template", target)
+    most = fixed_size("samd", "max_tokens", max_tokens)
+    sizer = sized_match_chain(target, max_tokens=most) if num_tokens == AUTO else None
+    aux: Drafter
+    if fallback == "none":
+        aux = NoDrafter()
+    elif template == AUTO:
+        aux = TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table)
+    else:
+        aux = TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
+    fixed = most if num_tokens == AUTO else fixed_size("samd", "num_tokens", num_tokens)
+    return SamdDrafter(threshold=threshold, num_tokens=fixed, fallback=aux, sizer=sizer)

@@ -39,16 +39,22 @@ reached depth ``d`` inside its tree).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.budget import prune_depth
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
-from tss_opt.decoding.drafters.errors import DrafterConfigError
+from tss_opt.decoding.drafters.building import WeightCache, builds
+from tss_opt.decoding.drafters.registry import build_drafter
 from tss_opt.decoding.tree import ROOT, DraftTree
+
+if TYPE_CHECKING:
+    from tss_opt.decoding.target import TargetModel
+    from tss_opt.models.loading import LoadedModel
 
 
 @dataclass
@@ -398,3 +404,43 @@ def format_member_stats(drafter: TapsDrafter, max_depth: int = 6) -> str:
             f"acceptance by depth [{by_depth}]"
         )
     return "\n".join(lines)
+
+
+def _build_members(
+    kind: str, members: Any, target: TargetModel, loaded: LoadedModel, weights: WeightCache | None
+) -> list[tuple[str, Drafter]]:
+    """Build TAPS members: each entry a drafter config (``name`` + settings, optional
+    ``label`` naming it in statistics; default its ``name``)."""
+    if not members or isinstance(members, (str, Mapping)):
+        raise DrafterConfigError(
+            f"drafter {kind!r} needs drafter.members: a list of drafter configs, e.g. "
+            "[{name: pld}, {name: token_recycle}]; got " + repr(members)
+        )
+    out: list[tuple[str, Drafter]] = []
+    for i, m in enumerate(members):
+        plain = dict(m) if not isinstance(m, str) else {"name": m}
+        if not plain.get("name") and not plain.get("_target_"):
+            raise DrafterConfigError(
+                f"drafter {kind!r}: member {i} ({plain!r}) has no name; give e.g. {{name: pld}}"
+            )
+        if plain.get("name") in ("routed", "merged"):
+            raise DrafterConfigError(
+                f"drafter {kind!r}: member {i} is {plain['name']!r}; TAPS members must be single drafters"
+            )
+        label = str(plain.pop("label", None) or plain.get("name") or plain["_target_"])
+        out.append((label, build_drafter(plain, target, loaded, weights=weights)))
+    return out
+
+
+@builds(RoutedDrafter)
+def build_routed(target: TargetModel, loaded: LoadedModel, *, members: Any = None,
+                 weights: WeightCache | None = None) -> Drafter:
+    """TAPS confidence routing: per step, the member tree with the highest mean confidence."""
+    return RoutedDrafter(_build_members("routed", members, target, loaded, weights))
+
+
+@builds(MergedDrafter)
+def build_merged(target: TargetModel, loaded: LoadedModel, *, members: Any = None,
+                 weights: WeightCache | None = None) -> Drafter:
+    """TAPS merged tree: every member's tree under one root, verified in one pass."""
+    return MergedDrafter(_build_members("merged", members, target, loaded, weights))

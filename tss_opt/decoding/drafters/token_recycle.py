@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
-from tss_opt.decoding.sizing import RANK_PRIOR, ContextSized, load_profile, sized_tree
+from tss_opt.decoding.drafters.building import builds, need_target
+from tss_opt.decoding.sizing import AUTO, RANK_PRIOR, ContextSized, load_profile, sized_tree
 from tss_opt.decoding.templates import (
     TemplateError,
     TreeTemplate,
@@ -30,6 +31,7 @@ from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
+    from tss_opt.models.loading import LoadedModel
 
 DEFAULT_TEMPLATE = "builtin:token_recycle_15.json"
 
@@ -246,3 +248,15 @@ class TokenRecycleDrafter(Drafter):
         sizer = ContextSized(target, lambda n: sized_tree(target, accept, prefix_len=n, max_depth=max_depth,
                                                           max_nodes=max_nodes, directory=directory))
         return cls(template=sizer.first.template, top_k=top_k, keep_table=keep_table, sizer=sizer)
+
+
+@builds(TokenRecycleDrafter)
+def build_token_recycle(
+    target: TargetModel, loaded: LoadedModel, *, template: Any, top_k: int, keep_table: bool, max_nodes: int | None
+) -> Drafter:
+    """Token Recycling; ``template=auto`` (the default) sizes the tree per context length, a
+    template (``builtin:token_recycle_15.json``, a JSON path, a mapping) fixes it."""
+    if template == AUTO:
+        need_target("token_recycle", "template", target)
+        return TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
+    return TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
