@@ -4,15 +4,16 @@ and long prompts, eager and (``--compile``) compiled, against the memory-bandwid
 
     python benchmarks/decode.py --compile                          # issue 34's run
     python benchmarks/decode.py --prompts 2 --max-new-tokens 32 --domains summarization --lengths 64
-    python benchmarks/decode.py --methods hf_greedy,hf_pld,pld,pld_auto --skip   # a subset, also sparse
+    python benchmarks/decode.py --methods all --skip     # every fixed size too, and under a skip set
 
 One run covers every dtype (default float32) x domain (summarization, mmlu) x prompt length
 (``--lengths``, default 64 and 800 tokens: the cached context when drafting starts, where a
 verified node costs 2-5 % and about 25 % of a plain step on this CPU), one table each: HF
 ``generate`` greedy and prompt lookup (10 tokens), our plain decoding, and ours with each
-drafter at a fixed classic size and at its shipped default (``_auto``: sized to the hardware
+drafter at its shipped default (``_auto``: sized to the hardware
 per context length, tss_opt/decoding/sizing/; pld's shipped default is the fixed chain of 10,
-the search's protocol, so ``pld_auto`` is the server's default). ``--skip`` adds every method of
+the search's protocol, so ``pld_auto`` is the server's default); ``--methods all`` adds the
+classic fixed sizes. ``--skip`` adds every method of
 ours under a domain's mapped skip set; ``--compile`` every method of ours on the compiled step.
 Arms run interleaved per prompt with a rotating order, so machine drift hits them alike.
 Prompts of a length: the domain's calibration prompt cut at a word boundary, or preceded by
@@ -85,7 +86,11 @@ DRAFTERS: dict[str, tuple[str, dict[str, Any]]] = {
                                                                 "num_tokens": 5}),
     "self_auto": ("self-drafting (layers 10-19 skipped), auto", {"name": "self", "skip": list(range(10, 20))}),
 }
-DEFAULT_METHODS = ["hf_greedy", "hf_pld", "plain", *DRAFTERS]
+ALL_METHODS = ["hf_greedy", "hf_pld", "plain", *DRAFTERS]
+# Issue 34's run: every drafter at its shipped config (pld's is the fixed chain of 10, the
+# search's protocol; pld_auto is the server's default), beside HF and our plain decoding.
+SHIPPED = ["hf_greedy", "hf_pld", "plain", "pld", "pld_auto", "token_recycle_auto", "samd_auto", "merged_auto",
+           "eagle_auto", "self_auto"]
 
 
 @dataclass
@@ -252,7 +257,8 @@ def main() -> None:
     ap.add_argument("--lengths", default="64,800",
                     help="prompt lengths in tokens (the cached context when drafting starts); 0: the domain's own")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    ap.add_argument("--methods", default=",".join(SHIPPED),
+                    help=f"comma-separated, or 'all' ({', '.join(ALL_METHODS)})")
     ap.add_argument("--compile", action="store_true",
                     help="also every method of ours on the compiled step (compile=true), beside eager")
     ap.add_argument("--skip-domain", default="mmlu", help="whose mapped skip set the skip arms use")
@@ -272,10 +278,10 @@ def main() -> None:
             over = {k: v for k, v in over.items() if k != "random_init"}
             DRAFTERS[key] = (label.replace("random head", "trained head"), {**over, "checkpoint": args.eagle_checkpoint})
     torch.set_num_threads(args.threads)
-    wanted = args.methods.split(",")
-    unknown = sorted(set(wanted) - set(DEFAULT_METHODS))
+    wanted = ALL_METHODS if args.methods == "all" else args.methods.split(",")
+    unknown = sorted(set(wanted) - set(ALL_METHODS))
     if unknown:
-        raise SystemExit(f"unknown method(s) {unknown}; available: {', '.join(DEFAULT_METHODS)}")
+        raise SystemExit(f"unknown method(s) {unknown}; available: {', '.join(ALL_METHODS)} (or all)")
     skip = mapped_skip(args.mapping, args.skip_domain) if args.skip else ()
     lengths = [int(x) for x in args.lengths.split(",")]
     t_run = time.perf_counter()

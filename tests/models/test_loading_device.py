@@ -54,7 +54,7 @@ def test_draft_model_follows_the_target_device_and_dtype():
     built in bfloat16 on the target's device."""
     target_loaded = load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="bfloat16"))
     target = TargetModel(target_loaded.model)
-    cfg = {"name": "draft_model", "model": {"name": "tiny", "source": "tiny", "num_layers": 2, "dtype": "float32",
+    cfg = {"name": "draft_model", "num_tokens": 5, "model": {"name": "tiny", "source": "tiny", "num_layers": 2, "dtype": "float32",
                                             "device": "cpu"}}
     drafter = build_drafter(cfg, target, target_loaded)
     p = next(drafter.model.parameters())
