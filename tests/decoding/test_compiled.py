@@ -108,3 +108,30 @@ def test_a_change_of_skip_set_does_not_recompile(tiny64, prompt):
 
 def test_buckets_fit_dynamos_graph_limit():
     assert len(BUCKETS) <= torch._dynamo.config.recompile_limit
+
+
+def test_a_reused_prefill_stays_compact(tiny64, compiled, prompt):
+    from tss_opt.decoding.cache import InPlaceLayer
+    from tss_opt.decoding.prefill import dense_prefill
+
+    stored = dense_prefill(compiled, prompt)
+    want = SpeculativeEngine(TargetModel(tiny64.model)).generate(prompt, max_new_tokens=N_NEW, skip=(1,))
+    got = SpeculativeEngine(compiled).generate(prompt, max_new_tokens=N_NEW, skip=(1,), prefill=stored)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    assert got.stats.prefill_layer_forwards == 0
+    # the request made its own copy static; the store's cache keeps its size
+    assert not any(isinstance(layer, InPlaceLayer) for layer in stored.cache.layers)
+
+
+def test_compile_setting_builds_a_compiled_target_and_keeps_default_study_names():
+    from tss_opt.assembly import assemble, compose_config, study_identity
+
+    plain = compose_config(["+domain=qa", "+model=tiny"])
+    on = compose_config(["+domain=qa", "+model=tiny", "compile=true"])
+    assert plain.compile is False
+    name_off, meta_off = study_identity(plain)
+    name_on, meta_on = study_identity(on)
+    assert "compile" not in meta_off["protocol"]  # default: the study names of before
+    assert meta_on["protocol"]["compile"] is True and name_on != name_off
+    assert type(assemble(on).target) is CompiledTarget
+    assert type(assemble(plain).target) is TargetModel

@@ -120,6 +120,21 @@ class InPlaceLayer(DynamicLayer):
         return self.keys, self.values  # type: ignore[return-value]
 
 
+def preallocate(cache: DynamicCache, capacity: int) -> None:
+    """Make every layer of ``cache`` an :class:`InPlaceLayer` of at least ``capacity``
+    positions, copying what a growing layer holds (once; layers already in place are left
+    alone). A compiled step writes into fixed buffers (``decoding/compiled.py``), while caches
+    made and kept elsewhere (the prefill store's copies) stay as compact as they were."""
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, InPlaceLayer):
+            continue
+        fixed = InPlaceLayer(capacity)
+        if getattr(layer, "is_initialized", False):
+            fixed.lazy_initialization(layer.keys, layer.values)
+            fixed.keys, fixed.values = layer.keys, layer.values  # copied into the new buffers
+        cache.layers[i] = fixed
+
+
 def crop_to(cache: DynamicCache, length: int) -> None:
     """Cut every layer longer than ``length`` back to ``length`` tokens (absolute, per layer)."""
     for layer in cache.layers:

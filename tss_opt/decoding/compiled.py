@@ -11,10 +11,11 @@ recompiles. Shapes repeat so the graphs are reused:
 * the verified slots (root plus tree) are padded to a bucket of :data:`BUCKETS`; pad slots
   write their keys/values behind the real ones, where the next step overwrites them and no
   mask ever lets a real slot read them;
-* the cache is :class:`~tss_opt.decoding.cache.SkipAwareCache` with in-place layers
-  (preallocated buffers), and attention reads a window of the buffer rounded up to
-  :data:`KEY_BLOCK` positions, marked dynamic (one graph for every cached length); the
-  additive 4-D mask hides the unwritten slots of the window.
+* the cache's layers become in-place layers (preallocated buffers,
+  :func:`~tss_opt.decoding.cache.preallocate`, at a request's first step: the prefill and
+  the prefill store keep the compact cache they had), and attention reads a window of the
+  buffer rounded up to :data:`KEY_BLOCK` positions, marked dynamic (one graph for every
+  cached length); the additive 4-D mask hides the unwritten slots of the window.
 
 The prefill and trees larger than the largest bucket run eagerly (the parent's forward).
 Batched and ragged paths (``apply_rows``, ``apply_ragged``, ``decoding/ragged.py``) are not
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache
+from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
@@ -42,9 +43,9 @@ of 8 graphs per compiled function)."""
 KEY_BLOCK = 128
 """The attention window (cached positions read) is rounded up to a multiple of this."""
 
-DEFAULT_CAPACITY = 1024
-"""Positions preallocated per layer when the caller does not size the cache (doubled when a
-request outgrows it, :class:`~tss_opt.decoding.cache.InPlaceLayer`)."""
+ROOM = 512
+"""Positions preallocated past the prefix when a cache is made static (the buffers double
+when a request outgrows them, :class:`~tss_opt.decoding.cache.InPlaceLayer`)."""
 
 
 class CompileError(TSSError):
@@ -142,11 +143,6 @@ class CompiledTarget(TargetModel):
         fn = types.FunctionType(_layer_step.__code__.replace(), _layer_step.__globals__, "_layer_step")
         self._step = torch.compile(fn, backend=counting, fullgraph=True, dynamic=False)
 
-    def new_cache(self, capacity: int | None = None) -> SkipAwareCache:
-        """An empty cache with preallocated in-place layers (``DEFAULT_CAPACITY`` positions
-        unless given)."""
-        return SkipAwareCache(config=self.model.config, capacity=capacity or DEFAULT_CAPACITY)
-
     @torch.inference_mode()
     def verify_forward(
         self, root_token: int, tree: DraftTree, cache: SkipAwareCache, prefix_len: int
@@ -161,10 +157,11 @@ class CompiledTarget(TargetModel):
         if ctr.batched:
             raise CompileError("a compiled target verifies one request at a time; batches of rows run eagerly (compile=false)")
         bucket = next((b for b in BUCKETS if b >= n1), None)
-        if bucket is None or not all(isinstance(layer, InPlaceLayer) for layer in cache.layers):
+        if bucket is None:
             return super().verify_forward(root_token, tree, cache, prefix_len)
         skip = ctr.active
         window = -(-(prefix_len + bucket) // KEY_BLOCK) * KEY_BLOCK
+        preallocate(cache, window + ROOM)
         # ids and positions on the host; pad slots repeat the root (any valid token/position).
         host = torch.empty(3, bucket, dtype=torch.long)
         host[0] = root_token
@@ -182,7 +179,9 @@ class CompiledTarget(TargetModel):
             if idx in skip:
                 continue  # bypass: the block's input flows on (skip.py's rule, outside the graph)
             kv = cache.layers[idx]
-            assert kv.is_initialized and kv.get_seq_length() == prefix_len, "a running layer holds the whole prefix"
+            assert isinstance(kv, InPlaceLayer) and kv.is_initialized and kv.get_seq_length() == prefix_len, (
+                "a running layer holds the whole prefix"
+            )
             keys, values = kv.window(window)  # [1, H_kv, W, D] views of the preallocated buffers
             torch._dynamo.maybe_mark_dynamic(keys, 2)
             torch._dynamo.maybe_mark_dynamic(values, 2)
