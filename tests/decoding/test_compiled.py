@@ -135,3 +135,18 @@ def test_compile_setting_builds_a_compiled_target_and_keeps_default_study_names(
     assert meta_on["protocol"]["compile"] is True and name_on != name_off
     assert type(assemble(on).target) is CompiledTarget
     assert type(assemble(plain).target) is TargetModel
+
+
+def test_the_window_past_the_cached_length_is_finite(tiny64, prompt):
+    # The compiled attention reads (masked) positions never written; a NaN there would still
+    # reach the output through softmax @ V (0 * NaN), as fresh memory did in bfloat16.
+    from tss_opt.decoding.cache import preallocate
+
+    target = TargetModel(tiny64.model)
+    cache = target.new_cache()
+    target.prefill(prompt, cache)
+    preallocate(cache, 256)
+    for layer in cache.layers:
+        keys, values = layer.window(256)
+        assert torch.equal(keys[..., len(prompt) :, :], torch.zeros_like(keys[..., len(prompt) :, :]))
+        assert torch.equal(values[..., len(prompt) :, :], torch.zeros_like(values[..., len(prompt) :, :]))

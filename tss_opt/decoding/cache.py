@@ -86,7 +86,10 @@ class InPlaceLayer(DynamicLayer):
         if buf is not None and buf.shape[-2] >= need:
             return
         size = max(need, self.capacity if buf is None else 2 * buf.shape[-2])
-        new = torch.empty((*like.shape[:-2], size, like.shape[-1]), dtype=like.dtype, device=like.device)
+        # Zeros, not empty: the compiled step's attention reads a window past the cached length
+        # (masked), and a masked NaN left in fresh memory still poisons ``softmax @ V``
+        # (0 * NaN); measured in bfloat16 on this CPU (decoding/compiled.py).
+        new = torch.zeros((*like.shape[:-2], size, like.shape[-1]), dtype=like.dtype, device=like.device)
         if buf is not None:
             new[..., : self._len[name], :] = buf[..., : self._len[name], :]
         self._buf[name] = new
