@@ -147,6 +147,6 @@ def test_the_window_past_the_cached_length_is_finite(tiny64, prompt):
     target.prefill(prompt, cache)
     preallocate(cache, 256)
     for layer in cache.layers:
-        keys, values = layer.window(256)
+        keys, values = layer.buffers(256)
         assert torch.equal(keys[..., len(prompt) :, :], torch.zeros_like(keys[..., len(prompt) :, :]))
         assert torch.equal(values[..., len(prompt) :, :], torch.zeros_like(values[..., len(prompt) :, :]))

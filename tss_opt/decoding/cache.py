@@ -94,17 +94,16 @@ class InPlaceLayer(DynamicLayer):
             new[..., : self._len[name], :] = buf[..., : self._len[name], :]
         self._buf[name] = new
 
-    def window(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the first ``width`` positions of the key and value buffers (``[B, H_kv,
-        width, D]`` each, the buffers grown to fit), to be written in place past the cached
-        length (the compiled step, ``decoding/compiled.py``); :meth:`set_length` then says
-        how many positions are cached."""
+    def buffers(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers (``[B, H_kv, C, D]`` each, ``C >= width``: grown to fit),
+        to be written in place past the cached length (the compiled step,
+        ``decoding/compiled.py``); :meth:`set_length` then says how many positions are cached."""
         for name in ("keys", "values"):
             self._ensure(name, self._buf[name], width)  # type: ignore[arg-type]
-        return self._buf["keys"][..., :width, :], self._buf["values"][..., :width, :]  # type: ignore[index]
+        return self._buf["keys"], self._buf["values"]  # type: ignore[return-value]
 
     def set_length(self, n: int) -> None:
-        """``n`` positions of the buffers are cached (written in place through :meth:`window`)."""
+        """``n`` positions of the buffers are cached (written in place through :meth:`buffers`)."""
         self._len["keys"] = self._len["values"] = n
 
     keys = property(lambda self: self._get("keys"), lambda self, v: self._set("keys", v))  # type: ignore[assignment]

@@ -54,17 +54,19 @@ class CompileError(TSSError):
 
 class _WindowCache:
     """What a decoder layer's attention sees as its cache inside the compiled graph: one
-    layer's key/value window; ``update`` writes the step's slots at ``slots`` in place and
-    returns the whole window (unwritten positions are masked)."""
+    layer's key/value buffers; ``update`` writes the step's slots at ``slots`` in place and
+    returns the first ``width`` positions (unwritten ones are masked)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
-        self.keys, self.values, self.slots = keys, values, slots
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, width: int) -> None:
+        self.keys, self.values, self.slots, self.width = keys, values, slots, width
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         # The layer index is ignored: reading it would make the graph specialize per layer.
+        # The whole buffers are graph inputs, mutated in place (a mutated *view* input makes
+        # the graph copy the whole view back every call).
         self.keys.index_copy_(2, self.slots, key_states)
         self.values.index_copy_(2, self.slots, value_states)
-        return self.keys, self.values
+        return self.keys[:, :, : self.width], self.values[:, :, : self.width]
 
 
 def _layer_step(
@@ -85,13 +87,14 @@ def _layer_step(
         mask: additive ``(1, 1, B, W)``.
         cos, sin: the rotary embeddings of the slots, ``(1, B, head_dim)``.
         positions: ``torch.LongTensor`` of shape ``(1, B)``.
-        keys, values: ``(1, H_kv, W, head_dim)``: views of the layer's cache buffers, written
-            in place at ``slots`` (``torch.LongTensor`` of shape ``(B,)``).
+        keys, values: ``(1, H_kv, C, head_dim)``, ``C >= W``: the layer's cache buffers,
+            written in place at ``slots`` (``torch.LongTensor`` of shape ``(B,)``); attention
+            reads their first ``W`` positions.
 
     Returns:
         ``(1, B, hidden)``.
     """
-    cache = _WindowCache(keys, values, slots)
+    cache = _WindowCache(keys, values, slots, mask.shape[-1])
     # The class's forward, not ``layer.forward``: the skip controller patches the instance
     # attribute, and skipping is decided outside the graph.
     return type(layer).forward(
@@ -108,7 +111,8 @@ class CompiledTarget(TargetModel):
 
     Args:
         model, layers_path, max_context: as :class:`TargetModel`.
-        backend: ``torch.compile`` backend (``"inductor"``; tests may pass a counting wrapper).
+        backend: a ``torch.compile`` backend, by name or as a callable (``"eager"`` runs the
+            captured graph as is: bit-identical to the eager step, for debugging).
 
     Attributes:
         compilations: graphs compiled so far (each call of the backend), for tests and
@@ -131,6 +135,8 @@ class CompiledTarget(TargetModel):
             )
         self.layers = self.skipper.layers
         self.compilations = 0
+        # Each graph passes through ``counting`` once, when it is compiled (the count tests and
+        # benchmarks read); dynamo's own counters are private and global.
         inner = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
 
         def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
@@ -182,8 +188,8 @@ class CompiledTarget(TargetModel):
             assert isinstance(kv, InPlaceLayer) and kv.is_initialized and kv.get_seq_length() == prefix_len, (
                 "a running layer holds the whole prefix"
             )
-            keys, values = kv.window(window)  # [1, H_kv, W, D] views of the preallocated buffers
-            torch._dynamo.maybe_mark_dynamic(keys, 2)
+            keys, values = kv.buffers(window)  # [1, H_kv, C, D], C >= W: the preallocated buffers
+            torch._dynamo.maybe_mark_dynamic(keys, 2)  # C doubles when a request outgrows it
             torch._dynamo.maybe_mark_dynamic(values, 2)
             torch._dynamo.maybe_mark_dynamic(mask, 3)
             ctr.executed_layers += 1
