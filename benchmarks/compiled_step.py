@@ -5,7 +5,7 @@
 
 Per cached length (64 and 800 tokens by default): the median time of a plain step (one
 token verified, no draft) eager and compiled (``decoding/compiled.py``), dense and with one
-skip set, against the time to read every parameter once (a sum of each, the "weights copy":
+skip set (the two targets' steps alternate), against the time to read every parameter once (a sum of each, the "weights copy":
 the step's bandwidth limit when weights dominate its bytes). Also checks that the compiled
 target with prompt lookup decodes the eager target's plain greedy tokens. The machine's load (``os.getloadavg``) is
 printed: on the shared development machine quote the medians with it.
@@ -58,26 +58,30 @@ def weights_read_s(model: Any, repeats: int = 7) -> float:
 
 
 @torch.inference_mode()
-def step_s(target: TargetModel, length: int, skip: tuple[int, ...], steps: int, vocab: int) -> float:
-    """Median seconds of a plain step (root only) on ``length`` cached tokens under ``skip``
-    (scope verify: a dense prefill); the cache is cut back after each step so every step
-    sees the same length."""
+def step_s(targets: list[TargetModel], length: int, skip: tuple[int, ...], steps: int, vocab: int) -> list[float]:
+    """Median seconds of a plain step (root only) of each target on ``length`` cached tokens
+    under ``skip`` (scope verify: a dense prefill). The targets' steps alternate, so the
+    machine's drift (other processes) hits them alike; each cache is cut back after its step
+    so every step sees the same length."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (length,), generator=g)
-    cache = target.new_cache()
-    target.prefill(prompt, cache)
+    caches = []
+    for target in targets:
+        caches.append(target.new_cache())
+        target.prefill(prompt, caches[-1])
     empty = DraftTree.empty()
-    times = []
-    with target.skip(skip):
-        for i in range(steps + 2):  # two warm-up steps (the compiled graph's first call)
-            _sync(target.device)
-            t0 = time.perf_counter()
-            target.verify_forward(int(prompt[i % length]), empty, cache, length)
-            _sync(target.device)
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-            crop_to(cache, length)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in targets]
+    with targets[0].skip(skip):  # one model: one skip controller for all targets
+        for i in range(steps + 2):  # two warm-up steps (a compiled graph's first call)
+            for target, cache, out in zip(targets, caches, times):
+                _sync(target.device)
+                t0 = time.perf_counter()
+                target.verify_forward(int(prompt[i % length]), empty, cache, length)
+                _sync(target.device)
+                if i >= 2:
+                    out.append(time.perf_counter() - t0)
+                crop_to(cache, length)
+    return [statistics.median(t) for t in times]
 
 
 def tokens_pair(eager: TargetModel, compiled: TargetModel, prompt: torch.Tensor, n: int, skip: tuple[int, ...]) -> tuple[list[int], list[int]]:
@@ -97,12 +101,12 @@ def measure(model: Any, lengths: list[int], skips: list[tuple[int, ...]], steps:
     eager = TargetModel(model)
     t0 = time.perf_counter()
     compiled = CompiledTarget(model)
-    step_s(compiled, lengths[0], (), 1, vocab)  # the first compile, timed apart
+    step_s([compiled], lengths[0], (), 1, vocab)  # the first compile, timed apart
     compile_s = time.perf_counter() - t0
     rows = []
     for length in lengths:
         for skip in skips:
-            rows.append((length, skip, step_s(eager, length, skip, steps, vocab), step_s(compiled, length, skip, steps, vocab)))
+            rows.append((length, skip, *step_s([eager, compiled], length, skip, steps, vocab)))
     prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(1)).repeat(2)
     tokens = {skip: tokens_pair(eager, compiled, prompt, check_tokens, skip) for skip in skips}
     return {"rows": rows, "weights_s": weights_read_s(model), "compile_s": compile_s, "tokens": tokens,
