@@ -150,3 +150,16 @@ def test_the_window_past_the_cached_length_is_finite(tiny64, prompt):
         keys, values = layer.buffers(256)
         assert torch.equal(keys[..., len(prompt) :, :], torch.zeros_like(keys[..., len(prompt) :, :]))
         assert torch.equal(values[..., len(prompt) :, :], torch.zeros_like(values[..., len(prompt) :, :]))
+
+
+def test_the_batch_engine_runs_on_a_compiled_target(tiny64, compiled, prompt):
+    # The server's continuous batching (ragged.py) is not compiled; it must still run (eagerly)
+    # on the target compile=true builds, with the tokens of each request alone.
+    from tss_opt.decoding.batch import BatchEngine
+
+    batch = BatchEngine(compiled)
+    skips = [(), (1,), (0, 2)]
+    rows = [batch.admit(prompt, max_new_tokens=8, skip=s, drafter=PromptLookupDrafter(num_tokens=3)) for s in skips]
+    batch.run()
+    for row, skip in zip(rows, skips):
+        assert row.result().tokens.tolist() == greedy_dense_prefill(tiny64.model, prompt, 8, skip)
