@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import greedy_dense_prefill
+from reference import greedy_dense_prefill, greedy_no_cache
 
 from tss_opt.decoding.compiled import BUCKETS, CompiledTarget
 from tss_opt.decoding.drafter import Drafter
@@ -62,14 +62,17 @@ def _drafter(name: str, reference: list[int], prompt_len: int) -> Drafter | None
     return {"none": None, "chain": PromptLookupDrafter(num_tokens=6), "tree": _OracleTree(reference, prompt_len)}[name]
 
 
+@pytest.mark.parametrize("scope", ["verify", "all"])
 @pytest.mark.parametrize("skip", [(), (1,), (0, 2)])
 @pytest.mark.parametrize("name", ["none", "chain", "tree"])
-def test_compiled_emits_the_eager_tokens(tiny64, compiled, prompt, skip, name):
-    ref = greedy_dense_prefill(tiny64.model, prompt, N_NEW, skip)
+def test_compiled_emits_the_eager_tokens(tiny64, compiled, prompt, skip, name, scope):
+    ref = (greedy_dense_prefill if scope == "verify" else greedy_no_cache)(tiny64.model, prompt, N_NEW, skip)
     eager = SpeculativeEngine(TargetModel(tiny64.model), _drafter(name, ref, len(prompt)))
     fast = SpeculativeEngine(compiled, _drafter(name, ref, len(prompt)))
-    want = eager.generate(prompt, max_new_tokens=N_NEW, skip=skip)
-    got = fast.generate(prompt, max_new_tokens=N_NEW, skip=skip)
+    want = eager.generate(prompt, max_new_tokens=N_NEW, skip=skip, scope=scope)
+    got = fast.generate(prompt, max_new_tokens=N_NEW, skip=skip, scope=scope)
+    if skip:
+        assert ref != greedy_no_cache(tiny64.model, prompt, N_NEW), "the skip set must change the output"
     assert want.tokens.tolist() == ref
     assert got.tokens.tolist() == ref
     assert got.stats.verify_layer_forwards == want.stats.verify_layer_forwards
