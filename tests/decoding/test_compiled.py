@@ -166,3 +166,17 @@ def test_the_batch_engine_runs_on_a_compiled_target(tiny64, compiled, prompt):
     batch.run()
     for row, skip in zip(rows, skips):
         assert row.result().tokens.tolist() == greedy_dense_prefill(tiny64.model, prompt, 8, skip)
+
+
+def test_a_tree_past_the_largest_bucket_verifies_eagerly(tiny64, compiled, prompt):
+    n = BUCKETS[-1]  # root + n nodes: one slot more than the largest bucket
+    tree = DraftTree.chain(torch.arange(n) % 50 + 3)
+    eager = TargetModel(tiny64.model)
+    before = compiled.compilations
+    c1, c2 = eager.new_cache(), compiled.new_cache()
+    eager.prefill(prompt, c1)
+    compiled.prefill(prompt, c2)
+    want = eager.verify_forward(3, tree, c1, len(prompt))
+    got = compiled.verify_forward(3, tree, c2, len(prompt))
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)  # the eager forward itself
+    assert compiled.compilations == before
