@@ -1,6 +1,6 @@
 """A compiled verification step: a preallocated KV cache and one ``torch.compile``d decoder layer.
 
-Eager PyTorch spends most of a small step launching kernels from Python (issue 34: a 13B
+On a GPU, eager PyTorch spends most of a small step launching kernels from Python (issue 34: a 13B
 bfloat16 step on an H200 reads its 26 GB in about 5.4 ms, while eager decoding launches ~600
 kernels; gpt-fast gets about 2x with a static cache and ``torch.compile``). Here the layer's
 forward is compiled **once** and every layer runs through the same graph (dynamo's
@@ -18,8 +18,9 @@ recompiles. Shapes repeat so the graphs are reused:
   cached length); the additive 4-D mask hides the unwritten slots of the window.
 
 The prefill and trees larger than the largest bucket run eagerly (the parent's forward).
-Batched and ragged paths (``apply_rows``, ``apply_ragged``, ``decoding/ragged.py``) are not
-compiled; a compiled target refuses them rather than silently running them eagerly.
+The batch engine (``decoding/batch.py``, ``ragged.py``) and the replay evaluator call the
+model themselves and stay eager on a compiled target; :meth:`CompiledTarget.verify_forward`
+refuses per-row skip sets (``apply_rows``, ``apply_ragged``) rather than mixing them up.
 """
 
 from __future__ import annotations
