@@ -23,18 +23,22 @@ package, e.g. on the lent GPU machine, a random 16-layer Llama built in code sta
 4. **Batched serving** (issue 31, ``gpu_check_batch.py``): ``GPU_CHECK_BATCH`` rows (64 on a
    GPU) over three skip sets in one continuous batch, each equal to its request alone; batch
    tokens/s against the same requests one after another.
+5. **Compiled step** (issue 34, ``gpu_check_compiled.py``): bfloat16 plain-step time eager vs
+   compiled (``compile=true``), dense and one skip set, against the time to read the weights;
+   the compiled target's tokens against the eager target's.
 3. **A larger model**: the same engine-vs-replay-vs-grouped trial (outputs compared per prompt) on the
    local checkpoint ``GPU_CHECK_MODEL_PATH`` (a transformers directory; in float16 on a GPU), if
    given; only the domain's prompts that fit its context run.
 
 At the end: the failures, and a clear list of what could not run (and why). Exit status 1
 when a check failed, else 0. Settings (environment): GPU_CHECK_DEVICE (cuda, cuda:N, cpu;
-default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3,4), GPU_CHECK_DTYPES (section 1;
+default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3,4,5), GPU_CHECK_DTYPES (section 1;
 default float32,bfloat16), GPU_CHECK_MODEL (``random``: the stand-in even where the embedded
 model is installed), GPU_CHECK_DOMAIN (sections 2-3; default summarization), GPU_CHECK_TOKENS, GPU_CHECK_PROMPTS, GPU_CHECK_BUDGET_S (stop
 starting new work after this many seconds; default 480 on a GPU, 1800 on a CPU), GPU_CHECK_MODEL_PATH,
 GPU_CHECK_MODEL_LAYERS_PATH (default model.layers), GPU_CHECK_GROUP (grouped replay: skip sets per batch),
-GPU_CHECK_BATCH (section 4: rows in the batch).
+GPU_CHECK_BATCH (section 4: rows in the batch),
+GPU_CHECK_COMPILED_STEPS (section 5: timed steps per cell; default 30 on a GPU, 3 on a CPU).
 """
 
 from __future__ import annotations
@@ -348,7 +352,7 @@ def main() -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         rep.skip("everything on a GPU", "no GPU on this machine: reduced CPU mode (same code, a handful of tokens)")
 
-    sections = {s.strip() for s in os.environ.get("GPU_CHECK_SECTIONS", "1,2,3,4").split(",")}
+    sections = {s.strip() for s in os.environ.get("GPU_CHECK_SECTIONS", "1,2,3,4,5").split(",")}
     if "1" in sections:
         dtypes = [d.strip() for d in os.environ.get("GPU_CHECK_DTYPES", "float32,bfloat16").split(",")]
         decoding_matrix(rep, device, dtypes, tokens, n_prompts)
@@ -408,6 +412,14 @@ def main() -> int:
         batched_serving(rep, base_model, sparse_set, _prompts, device, 64 if on_gpu else 6, BUDGET_S)
     else:
         rep.skip("section 4 (batched serving)", "not in GPU_CHECK_SECTIONS")
+
+    rep.line("")
+    if "5" in sections:
+        from gpu_check_compiled import compiled_section
+
+        compiled_section(rep, base_model, sparse_set, device, BUDGET_S)
+    else:
+        rep.skip("section 5 (compiled step)", "not in GPU_CHECK_SECTIONS")
 
     rep.line("")
     rep.line(f"## Summary ({rep.elapsed():.0f} s)")

@@ -41,6 +41,10 @@ def protocol(cfg: DictConfig, domain: Domain | None = None) -> dict[str, Any]:
         proto["verification"] = verification
     # Trials of the replay evaluator measure no tokens/s: a study never mixes the two. The
     # default (engine) adds no key, so study names from before this key existed still match.
+    # A compiled target measures other seconds (same tokens): its studies stay apart. Off (the
+    # default) adds no key, so earlier study names still match.
+    if cfg.get("compile"):
+        proto["compile"] = True
     target = str(OmegaConf.select(cfg, "evaluator._target_") or "")
     if target and not target.endswith(".build_evaluator"):
         proto["evaluator"] = target.rsplit(".", 1)[-1]

@@ -53,10 +53,12 @@ class Assembly:
 def assemble(cfg: DictConfig) -> Assembly:
     """Load the configured model and wrap it as a skippable target with its drafter config."""
     from tss_opt.decoding import TargetModel
+    from tss_opt.decoding.compiled import CompiledTarget
     from tss_opt.models import load_model
 
     loaded = load_model(model_settings(cfg))
-    target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
+    kind = CompiledTarget if cfg.get("compile") else TargetModel  # compile=true (docs/engine.md, "Compiled step")
+    target = kind(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
     return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))
 
 

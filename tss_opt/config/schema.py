@@ -103,6 +103,10 @@ class TSSConfig(ServeSettings):
     verification: Verification = Verification.exact
     relaxed: RelaxedSettings = field(default_factory=RelaxedSettings)
     cost: Cost = Cost.analytic
+    # Verification forwards through one torch.compile'd decoder layer over preallocated caches
+    # (decoding/compiled.py, issue 34): same tokens; off by default, it did not pay on the CPU
+    # it was measured on (docs/engine.md, "Compiled step").
+    compile: bool = False
     reuse_prefill: bool = True  # scope=verify: prefill each prompt once per process, copy per trial
     prefill_store_gib: float = 8.0  # byte budget of the kept prefills (LRU); docs/engine.md has the arithmetic
     device: str | None = None  # shortcut for model.device (e.g. cuda:1)

@@ -86,10 +86,25 @@ class InPlaceLayer(DynamicLayer):
         if buf is not None and buf.shape[-2] >= need:
             return
         size = max(need, self.capacity if buf is None else 2 * buf.shape[-2])
-        new = torch.empty((*like.shape[:-2], size, like.shape[-1]), dtype=like.dtype, device=like.device)
+        # Zeros, not empty: the compiled step's attention reads a window past the cached length
+        # (masked), and a masked NaN left in fresh memory still poisons ``softmax @ V``
+        # (0 * NaN); measured in bfloat16 on this CPU (decoding/compiled.py).
+        new = torch.zeros((*like.shape[:-2], size, like.shape[-1]), dtype=like.dtype, device=like.device)
         if buf is not None:
             new[..., : self._len[name], :] = buf[..., : self._len[name], :]
         self._buf[name] = new
+
+    def buffers(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers (``[B, H_kv, C, D]`` each, ``C >= width``: grown to fit),
+        to be written in place past the cached length (the compiled step,
+        ``decoding/compiled.py``); :meth:`set_length` then says how many positions are cached."""
+        for name in ("keys", "values"):
+            self._ensure(name, self._buf[name], width)  # type: ignore[arg-type]
+        return self._buf["keys"], self._buf["values"]  # type: ignore[return-value]
+
+    def set_length(self, n: int) -> None:
+        """``n`` positions of the buffers are cached (written in place through :meth:`buffers`)."""
+        self._len["keys"] = self._len["values"] = n
 
     keys = property(lambda self: self._get("keys"), lambda self, v: self._set("keys", v))  # type: ignore[assignment]
     values = property(lambda self: self._get("values"), lambda self, v: self._set("values", v))  # type: ignore[assignment]
@@ -105,6 +120,21 @@ class InPlaceLayer(DynamicLayer):
             self._buf[name][..., n0 : n0 + n, :] = new  # type: ignore[index]
             self._len[name] = n0 + n
         return self.keys, self.values  # type: ignore[return-value]
+
+
+def preallocate(cache: DynamicCache, capacity: int) -> None:
+    """Make every layer of ``cache`` an :class:`InPlaceLayer` of at least ``capacity``
+    positions, copying what a growing layer holds (once; layers already in place are left
+    alone). A compiled step writes into fixed buffers (``decoding/compiled.py``), while caches
+    made and kept elsewhere (the prefill store's copies) stay as compact as they were."""
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, InPlaceLayer):
+            continue
+        fixed = InPlaceLayer(capacity)
+        if getattr(layer, "is_initialized", False):
+            fixed.lazy_initialization(layer.keys, layer.values)
+            fixed.keys, fixed.values = layer.keys, layer.values  # copied into the new buffers
+        cache.layers[i] = fixed
 
 
 def crop_to(cache: DynamicCache, length: int) -> None:

@@ -108,6 +108,12 @@ class SkipController:
         top = self._stack[-1] if self._stack else None
         return top.rows if isinstance(top, _Rows) else None
 
+    @property
+    def batched(self) -> bool:
+        """Whether per-row (:meth:`apply_rows`) or ragged (:meth:`apply_ragged`) skip sets are
+        in force rather than one set for the whole forward."""
+        return bool(self._stack) and not isinstance(self._stack[-1], frozenset)
+
     @contextmanager
     def apply(self, skip: Iterable[int]) -> Iterator[frozenset[int]]:
         """Run the body with ``skip`` bypassed; the previous state returns on exit, always."""

@@ -53,6 +53,7 @@ IDENTITY_METADATA = ("model", "num_layers", "drafter", "domain", "split")
 # stored and the requested protocol must agree.
 PROTOCOL_KEYS = (
     "prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype", "evaluator", "verification",
+    "compile",
 )
 
 

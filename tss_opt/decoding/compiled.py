@@ -1,0 +1,212 @@
+"""A compiled verification step: a preallocated KV cache and one ``torch.compile``d decoder layer.
+
+On a GPU, eager PyTorch spends most of a small step launching kernels from Python (issue 34: a 13B
+bfloat16 step on an H200 reads its 26 GB in about 5.4 ms, while eager decoding launches ~600
+kernels; gpt-fast gets about 2x with a static cache and ``torch.compile``). Here the layer's
+forward is compiled **once** and every layer runs through the same graph (dynamo's
+``inline_inbuilt_nn_modules`` makes the weights graph inputs, so one graph serves every layer
+instance); the skip loop stays in Python outside the graph, so a change of skip set never
+recompiles. Shapes repeat so the graphs are reused:
+
+* the verified slots (root plus tree) are padded to a bucket of :data:`BUCKETS`; pad slots
+  write their keys/values behind the real ones, where the next step overwrites them and no
+  mask ever lets a real slot read them;
+* the cache's layers become in-place layers (preallocated buffers,
+  :func:`~tss_opt.decoding.cache.preallocate`, at a request's first step: the prefill and
+  the prefill store keep the compact cache they had), and attention reads a window of the
+  buffer rounded up to :data:`KEY_BLOCK` positions, marked dynamic (one graph for every
+  cached length); the additive 4-D mask hides the unwritten slots of the window.
+
+The prefill and trees larger than the largest bucket run eagerly (the parent's forward).
+The batch engine (``decoding/batch.py``, ``ragged.py``) and the replay evaluator call the
+model themselves and stay eager on a compiled target; :meth:`CompiledTarget.verify_forward`
+refuses per-row skip sets (``apply_rows``, ``apply_ragged``) rather than mixing them up.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate
+from tss_opt.decoding.host_syncs import upload
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.errors import TSSError
+
+BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+"""Verified-slot counts a step is padded to (one graph each; within dynamo's default limit
+of 8 graphs per compiled function)."""
+
+KEY_BLOCK = 128
+"""The attention window (cached positions read) is rounded up to a multiple of this."""
+
+ROOM = 512
+"""Positions preallocated past the prefix when a cache is made static (the buffers double
+when a request outgrows them, :class:`~tss_opt.decoding.cache.InPlaceLayer`)."""
+
+
+class CompileError(TSSError):
+    """A compiled target used where it cannot run (a batch of rows, a non-Llama-style decoder)."""
+
+
+class _WindowCache:
+    """What a decoder layer's attention sees as its cache inside the compiled graph: one
+    layer's key/value buffers; ``update`` writes the step's slots at ``slots`` in place and
+    returns the first ``width`` positions (unwritten ones are masked)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, width: int) -> None:
+        self.keys, self.values, self.slots, self.width = keys, values, slots, width
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        # The layer index is ignored: reading it would make the graph specialize per layer.
+        # The whole buffers are graph inputs, mutated in place (a mutated *view* input makes
+        # the graph copy the whole view back every call).
+        self.keys.index_copy_(2, self.slots, key_states)
+        self.values.index_copy_(2, self.slots, value_states)
+        return self.keys[:, :, : self.width], self.values[:, :, : self.width]
+
+
+def _layer_step(
+    layer: torch.nn.Module,
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """One decoder layer over a padded step (the function that is compiled).
+
+    Args:
+        hidden: ``(1, B, hidden)``, ``B`` a bucket.
+        mask: additive ``(1, 1, B, W)``.
+        cos, sin: the rotary embeddings of the slots, ``(1, B, head_dim)``.
+        positions: ``torch.LongTensor`` of shape ``(1, B)``.
+        keys, values: ``(1, H_kv, C, head_dim)``, ``C >= W``: the layer's cache buffers,
+            written in place at ``slots`` (``torch.LongTensor`` of shape ``(B,)``); attention
+            reads their first ``W`` positions.
+
+    Returns:
+        ``(1, B, hidden)``.
+    """
+    cache = _WindowCache(keys, values, slots, mask.shape[-1])
+    # The class's forward, not ``layer.forward``: the skip controller patches the instance
+    # attribute, and skipping is decided outside the graph.
+    return type(layer).forward(
+        layer, hidden, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+        position_embeddings=(cos, sin),
+    )
+
+
+class CompiledTarget(TargetModel):
+    """A :class:`TargetModel` whose verification forwards run one compiled decoder layer.
+
+    Greedy output equals the eager target's (same math; the compiled kernels only round
+    differently, far below the argmax margins of the tests' float64 model).
+
+    Args:
+        model, layers_path, max_context: as :class:`TargetModel`.
+        backend: a ``torch.compile`` backend, by name or as a callable (``"eager"`` runs the
+            captured graph as is: bit-identical to the eager step, for debugging).
+
+    Attributes:
+        compilations: graphs compiled so far (each call of the backend), for tests and
+            benchmarks: a change of skip set must not add any.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        layers_path: str = "model.layers",
+        max_context: int | None = None,
+        backend: str | Callable[..., Any] = "inductor",
+    ) -> None:
+        super().__init__(model, layers_path, max_context)
+        missing = [n for n in ("embed_tokens", "rotary_emb", "norm") if not hasattr(self.decoder, n)]
+        if missing:
+            raise CompileError(
+                f"compile=true needs a Llama-style decoder (embed_tokens, rotary_emb, norm); "
+                f"{type(self.decoder).__name__} lacks {', '.join(missing)}. Set compile=false."
+            )
+        self.layers = self.skipper.layers
+        self.compilations = 0
+        # Each graph passes through ``counting`` once, when it is compiled (the count tests and
+        # benchmarks read); dynamo's own counters are private and global.
+        inner = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
+
+        def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+            self.compilations += 1
+            return inner(gm, example_inputs)
+
+        # A fresh code object per target: dynamo keeps its graphs (and its limit of 8 per
+        # function) on the code object, so two targets (float32 and float64 models in one
+        # process) would otherwise share, and exhaust, one cache.
+        fn = types.FunctionType(_layer_step.__code__.replace(), _layer_step.__globals__, "_layer_step")
+        self._step = torch.compile(fn, backend=counting, fullgraph=True, dynamic=False)
+
+    @torch.inference_mode()
+    def verify_forward(
+        self, root_token: int, tree: DraftTree, cache: SkipAwareCache, prefix_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`TargetModel.verify_forward`, through the compiled layer.
+
+        Returns:
+            ``(logits, hidden)`` of shapes ``(n + 1, vocab)`` and ``(n + 1, hidden)``.
+        """
+        n1 = len(tree) + 1
+        ctr = self.skipper
+        if ctr.batched:
+            raise CompileError("a compiled target verifies one request at a time; batches of rows run eagerly (compile=false)")
+        bucket = next((b for b in BUCKETS if b >= n1), None)
+        if bucket is None:
+            return super().verify_forward(root_token, tree, cache, prefix_len)
+        skip = ctr.active
+        window = -(-(prefix_len + bucket) // KEY_BLOCK) * KEY_BLOCK
+        preallocate(cache, window + ROOM)
+        # ids and positions on the host; pad slots repeat the root (any valid token/position).
+        host = torch.empty(3, bucket, dtype=torch.long)
+        host[0] = root_token
+        if n1 > 1:
+            host[0, 1:n1] = tree.tokens
+        host[1] = prefix_len
+        host[1, :n1] = prefix_len + torch.tensor((0, *tree.depth), dtype=torch.long)
+        host[2] = torch.arange(prefix_len, prefix_len + bucket)
+        dev = upload(host, self.device)
+        ids, pos, slots = dev[0:1], dev[1:2], dev[2]
+        mask = self._mask(tree, prefix_len, bucket, window)
+        hidden = self.decoder.embed_tokens(ids)  # [1, B, H]
+        cos, sin = self.decoder.rotary_emb(hidden, position_ids=pos)
+        for idx, layer in enumerate(self.layers):
+            if idx in skip:
+                continue  # bypass: the block's input flows on (skip.py's rule, outside the graph)
+            kv = cache.layers[idx]
+            assert isinstance(kv, InPlaceLayer) and kv.is_initialized and kv.get_seq_length() == prefix_len, (
+                "a running layer holds the whole prefix"
+            )
+            keys, values = kv.buffers(window)  # [1, H_kv, C, D], C >= W: the preallocated buffers
+            torch._dynamo.maybe_mark_dynamic(keys, 2)  # C doubles when a request outgrows it
+            torch._dynamo.maybe_mark_dynamic(values, 2)
+            torch._dynamo.maybe_mark_dynamic(mask, 3)
+            ctr.executed_layers += 1
+            hidden = self._step(layer, hidden, mask, cos, sin, pos, keys, values, slots)
+            kv.set_length(prefix_len + n1)  # the pad slots' keys/values stay outside
+        hidden = self.decoder.norm(hidden)[0, :n1]  # [n+1, H]
+        return self.lm_head(hidden), hidden
+
+    def _mask(self, tree: DraftTree, prefix_len: int, bucket: int, window: int) -> torch.Tensor:
+        """Additive ``(1, 1, bucket, window)`` mask: the prefix and each slot's ancestors are
+        visible (0), everything else (other branches, pad slots, unwritten positions) is the
+        dtype's minimum; a pad row sees the prefix only (its output is discarded)."""
+        n1 = len(tree) + 1
+        allowed = torch.zeros(bucket, window, dtype=torch.bool)
+        allowed[:, :prefix_len] = True
+        allowed[:n1, prefix_len : prefix_len + n1] = tree.ancestor_matrix()
+        mask = torch.zeros(bucket, window, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return upload(mask, self.device)[None, None]
