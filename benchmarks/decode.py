@@ -300,14 +300,16 @@ def main() -> None:
         target, model, tok = rt.target, rt.loaded.model, rt.loaded.tokenizer
         targets = {"eager": target}
         if args.compile:
-            from tss_opt.decoding.compiled import compile_target
+            from tss_opt.decoding.compiled import CompiledTarget
 
-            targets["compiled"] = compile_target(target)
+            cfg_m = rt.loaded.config
+            targets["compiled"] = CompiledTarget(model, layers_path=cfg_m.layers_path, max_context=cfg_m.max_context)
         eos = list(rt.eos_token_ids)
         base = args.sizing_dir
         t0 = time.perf_counter()
-        for ctx in CONTEXT_BUCKETS[1:]:  # once here, not once per domain folder
-            load_or_measure_latency(target, base, prefix_len=ctx)
+        for tgt in targets.values():  # once here, not once per domain folder (the compiled step has its own)
+            for ctx in CONTEXT_BUCKETS:
+                load_or_measure_latency(tgt, base, prefix_len=ctx)
         table = load_or_measure_latency(target, base)
         load = "load not recorded" if table.load is None else f"load {table.load} on {table.cpus} CPUs"
         read_s, nbytes = weights_read_seconds(model)

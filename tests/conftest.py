@@ -17,7 +17,7 @@ from pathlib import Path
 # says so itself (torch.set_num_threads, or env= for its subprocesses).
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-# Trees are sized to the hardware by default (decoding/tree_sizing.py): the latency tables of
+# Trees are sized to the hardware by default (decoding/sizing/): the latency tables of
 # the tiny test models go to a temporary folder of this session (and of its subprocesses),
 # never into the checkout's storage/tree_sizing.
 os.environ.setdefault("TSS_TREE_SIZING_DIR", tempfile.mkdtemp(prefix="tss_tree_sizing_"))

@@ -174,7 +174,7 @@ def test_a_table_measured_on_a_busy_host_warns_once(
     path = tmp_path / "busy" / next(tmp_path.glob("latency-*.json")).name
     path.parent.mkdir()
     path.write_text(json.dumps(busy.to_dict()))
-    with caplog.at_level("WARNING", logger="tss_opt.decoding.tree_latency"):
+    with caplog.at_level("WARNING", logger="tss_opt.decoding.sizing.latency"):
         again = load_or_measure_latency(target64, path.parent, sizes=(0, 1))
         load_or_measure_latency(target64, path.parent, sizes=(0, 1))
     assert again.busy and (again.load, again.cpus) == (7.5, 2)

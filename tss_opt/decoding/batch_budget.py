@@ -1,6 +1,6 @@
 """How deep rows draft in a batched step, chosen per step from measured costs.
 
-Alone, a request drafts what its drafter chooses (sized per context, ``tree_sizing.py``):
+Alone, a request drafts what its drafter chooses (sized per context, ``decoding/sizing/``):
 verifying a few more tokens costs little next to reading the weights once. In a batch the
 forward already carries one token per row, so every drafted token competes with the other
 rows' tokens for the same forward, and on a machine where the forward's cost grows with its
@@ -87,8 +87,8 @@ class BatchLatency:
         rows: measured batch sizes, increasing.
         tokens: measured tokens per row, increasing (1: plain decoding).
         seconds: ``seconds[i][j]`` for ``rows[i]`` rows of ``tokens[j]`` tokens each.
-        key: what the measurement holds for (``tree_latency.hardware_key``).
-        measured_at, load, cpus, prefix_len: as :class:`~tss_opt.decoding.tree_latency.LatencyTable`.
+        key: what the measurement holds for (``sizing.latency.hardware_key``).
+        measured_at, load, cpus, prefix_len: as :class:`~tss_opt.decoding.sizing.latency.LatencyTable`.
     """
 
     rows: tuple[int, ...]

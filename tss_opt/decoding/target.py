@@ -28,6 +28,10 @@ class TargetModel:
         max_context: positions the model supports; defaults to ``max_position_embeddings``.
     """
 
+    #: Whether verification runs a compiled step (:class:`~tss_opt.decoding.compiled.CompiledTarget`):
+    #: sizing keys its latency tables by it, since the two steps cost differently.
+    compiled = False
+
     def __init__(self, model: Any, layers_path: str = "model.layers", max_context: int | None = None) -> None:
         self.model = model
         self.decoder = model.get_decoder()

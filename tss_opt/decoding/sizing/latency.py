@@ -1,6 +1,6 @@
 """Verification latency against tree size, measured once per machine, model, dtype and device.
 
-Part 1 of hardware-sized trees (:mod:`tss_opt.decoding.tree_sizing`): one verification
+Part 1 of hardware-sized trees (:mod:`tss_opt.decoding.sizing`): one verification
 forward (root + ``n`` chain nodes) timed on a warm cache, cached as JSON
 (``storage/tree_sizing/latency-<key>.json``) with the measurement's date and its key.
 """
@@ -155,6 +155,8 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
     cfg = target.model.config
     name = model_name or str(getattr(cfg, "_name_or_path", "") or getattr(cfg, "model_type", "model"))
     name = f"{name} L{cfg.num_hidden_layers} H{cfg.hidden_size}"
+    if target.compiled:  # a compiled step has its own costs (decoding/compiled.py)
+        name += " compiled"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
 
