@@ -30,7 +30,7 @@ log = logging.getLogger("tss_opt.cli")
 
 def effective_note(cfg: DictConfig, proto: dict[str, Any], settings: SearchSettings) -> str:
     """The preset's warning with the numbers this run uses (overrides applied)."""
-    shape = f"beam width {settings.beam_width}" if settings.mode == "beam" else "exhaustive"
+    shape = "exhaustive" if settings.mode_spec.every_subset else f"beam width {settings.beam_width}"
     trials = f", <= {settings.max_trials} trials" if settings.max_trials else ""
     return (
         f"{cfg.search.preset} preset: {proto['prompts']} calibration prompts x {proto['max_new_tokens']} tokens, "

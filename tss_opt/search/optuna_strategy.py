@@ -165,7 +165,7 @@ def run_optuna_strategy(
     Trials run through :class:`~tss_opt.search.lifecycle.TrialLife`, as the queued
     strategies' do (interrupts, stalls, fail reasons).
 
-    :func:`~tss_opt.search.run_search` has checked the budget and the worker count.
+    :func:`~tss_opt.search.run_search` has checked the budget.
     """
     assert settings.max_trials is not None
     factory = strategy_for(settings.mode).sampler
