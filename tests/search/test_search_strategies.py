@@ -180,8 +180,6 @@ def test_bad_inputs_say_what_to_do():
         _run(land, mode="random", max_trials=5, seed="abc")
     with pytest.raises(TypeError, match="has type float"):
         SearchSettings(seed=1.5)
-    with pytest.raises(ValueError, match="n_workers_hint=2"):
-        run_search(land, storage="sqlite:///:memory:", study_name="s", mode="tpe", max_trials=5, n_workers_hint=2)
     assert land.calls == 0
 
 
