@@ -96,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-on", action="append", default=[], help="e.g. 2 or 1,3")
     p.add_argument("--fault", default=None, help="SIGNAL:METHOD:WHEN:MATCH (see arm_fault)")
     p.add_argument("--ready", default=None, help="a file touched when the search starts")
-    p.add_argument("--n-workers", type=int, default=3)
     p.add_argument("--group-size", type=int, default=1, help="> 1: a GroupLandscape, grouped claims")
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -130,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         max_depth=args.max_depth,
         heartbeat_interval=args.heartbeat,
         grace_period=args.grace,
-        n_workers_hint=args.n_workers,
         group_size=args.group_size,
         metadata={"model": "synthetic", "domain": "qa", "drafter": "none", "split": "calibration"},
     )

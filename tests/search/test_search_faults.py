@@ -127,7 +127,7 @@ def test_stall_while_telling(tmp_path: Path, study_name: str, kind: str) -> None
     trial as stale and re-ran it: the late tell is discarded with one info line."""
     url = url_for(kind, tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    hb = ("--heartbeat", "1", "--grace", "3", "--n-workers", "2")
+    hb = ("--heartbeat", "1", "--grace", "3")
 
     def spawn(name: str, *extra: str) -> subprocess.Popen:
         cmd = [sys.executable, str(HERE / "search_worker.py"), "--storage", url, "--study", study_name,

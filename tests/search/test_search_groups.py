@@ -98,7 +98,6 @@ def test_four_grouping_workers_on_postgresql_evaluate_each_set_once(storage_url,
     ref = _ref()
     procs = spawn_workers(
         4, storage_url, study_name, tmp_path, "--sleep", "0.1", "--max-depth", "3", "--group-size", "3",
-        "--n-workers", "4",
     )  # fmt: skip
     codes = wait_all(procs, tmp_path)
     assert codes == [0, 0, 0, 0], stderr_of(tmp_path)

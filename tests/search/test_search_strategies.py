@@ -180,8 +180,6 @@ def test_bad_inputs_say_what_to_do():
         _run(land, mode="random", max_trials=5, seed="abc")
     with pytest.raises(TypeError, match="has type float"):
         SearchSettings(seed=1.5)
-    with pytest.raises(ValueError, match="n_workers_hint=2"):
-        run_search(land, storage="sqlite:///:memory:", study_name="s", mode="tpe", max_trials=5, n_workers_hint=2)
     assert land.calls == 0
 
 
@@ -217,3 +215,31 @@ def test_a_resumed_optuna_search_keeps_the_paired_rule():
     dense = next(t for t in trials if t.user_attrs.get("skip_set") == [])
     assert "per_prompt" in dense.user_attrs
     assert {len(t.system_attrs["constraints"]) for t in trials} == {3}  # paired: A, metric, repetition
+
+
+def test_each_mode_declares_what_differs_once():
+    """The registry of modes is the ``Mode`` members' specs: exact expectations per mode, and
+    what the identity, the planners and the samplers read follows from them."""
+    from tss_opt.config.search import Mode
+    from tss_opt.search.registry import PLANNERS, STRATEGIES, strategy_for
+
+    assert set(STRATEGIES) == set(MODES) == {m.value for m in Mode}
+    assert {m for m in MODES if Mode(m).spec.seeded} == {"random", "tpe", "nsga2", "gp"}
+    assert {m for m in MODES if not Mode(m).spec.queued} == {"tpe", "nsga2", "gp"}
+    assert {m for m in MODES if Mode(m).spec.breadth_first} == {"exhaustive", "beam"}
+    assert {m for m in MODES if Mode(m).spec.plan == "greedy"} == {"sleb", "gm_skip"}
+    assert {m: Mode(m).spec.objective for m in MODES if Mode(m).spec.objective != "both"} == {
+        "accept_only": "accept", "metric_only": "metric",
+    }
+    assert [m for m in MODES if Mode(m).spec.every_subset] == ["exhaustive"]
+    assert [m for m in MODES if Mode(m).spec.stops_on_metric] == ["gm_skip"]
+    assert [m for m in MODES if Mode(m).spec.ranks_by_score] == ["sleb"]
+    for m in MODES:
+        s = strategy_for(m)
+        assert (s.planner is None) != (s.sampler is None)
+        assert s.planner is None or s.planner is PLANNERS[s.spec.plan]
+        # The identity carries seed exactly for the seeded modes, sleb_score exactly for sleb.
+        identity = SearchSettings(mode=m, seed=3).identity()
+        assert ("seed" in identity) == s.spec.seeded and ("sleb_score" in identity) == (m == "sleb")
+    sampler = strategy_for("nsga2").sampler(1, 40)
+    assert type(sampler).__name__ == "NSGAIISampler"

@@ -18,7 +18,7 @@ from tss_opt.assembly import (
 )
 from tss_opt.config import SearchSettings
 from tss_opt.search import SearchResult, run_search
-from tss_opt.search.checks import check_on_validation
+from tss_opt.search.checks import decide_validation, run_validation
 from tss_opt.search.figures import figures_of
 from tss_opt.search.identity import check_stored_study
 
@@ -30,7 +30,7 @@ log = logging.getLogger("tss_opt.cli")
 
 def effective_note(cfg: DictConfig, proto: dict[str, Any], settings: SearchSettings) -> str:
     """The preset's warning with the numbers this run uses (overrides applied)."""
-    shape = f"beam width {settings.beam_width}" if settings.mode == "beam" else "exhaustive"
+    shape = "exhaustive" if settings.mode_spec.every_subset else f"beam width {settings.beam_width}"
     trials = f", <= {settings.max_trials} trials" if settings.max_trials else ""
     return (
         f"{cfg.search.preset} preset: {proto['prompts']} calibration prompts x {proto['max_new_tokens']} tokens, "
@@ -39,7 +39,10 @@ def effective_note(cfg: DictConfig, proto: dict[str, Any], settings: SearchSetti
 
 
 def search(cfg: DictConfig) -> SearchResult:
-    """Join (or start, or resume) the search this configuration names; write the mapping."""
+    """Join (or start, or resume) the search this configuration names; write the mapping.
+
+    The storage is opened once, with the search's heartbeats, and that one storage serves
+    the stored-study check, the search, the validation step and the mapping's export."""
     from tss_opt.mapping import export_mapping
     from tss_opt.storage import open_storage, storage_url
 
@@ -48,7 +51,9 @@ def search(cfg: DictConfig) -> SearchResult:
     settings = search_settings(cfg)
     if cfg.search.get("note"):
         log.warning("%s", effective_note(cfg, metadata["protocol"], settings))
-    storage = open_storage(cfg.storage, heartbeat_interval=None, grace_period=None)
+    storage = open_storage(
+        cfg.storage, heartbeat_interval=settings.heartbeat_interval, grace_period=settings.grace_period
+    )
     check_stored_study(storage, name, settings, metadata)  # fail before loading the model
     log.info("study %s (storage %s)", name, storage_url(cfg.storage))
 
@@ -56,36 +61,39 @@ def search(cfg: DictConfig) -> SearchResult:
     metadata["model"] = getattr(evaluator, "model_id", metadata["model"])
 
     t0 = time.perf_counter()
-    result = run_search(evaluator, settings, storage=cfg.storage, study_name=name, metadata=metadata)
+    result = run_search(evaluator, settings, storage=storage, study_name=name, metadata=metadata)
     print(format_result(result, time.perf_counter() - t0))
     validate(cfg, result, evaluator, storage, domain)
     if cfg.write_mapping:
-        entry = export_mapping(cfg.storage, name, cfg.mapping_path)
+        entry = export_mapping(storage, name, cfg.mapping_path)
         print(f"mapping: {cfg.mapping_path} [{metadata['domain']}] -> skip {sorted(entry.skip_set)}")
     return result
 
 
 def validate(cfg: DictConfig, result: SearchResult, evaluator: Any, storage: Any, domain: Domain | None = None) -> None:
     """Check the K cheapest feasible candidates on the validation split before the mapping is
-    written (issue 10; :func:`tss_opt.search.checks.check_on_validation`)."""
-    domain = domain or require_domain(cfg)
-
-    def unavailable() -> str:
-        if not domain.split("validation"):
-            return "the domain has no validation prompts (validation_size: 0)"
-        return "the evaluator cannot run the validation split (its factory takes no `split`)"
-
-    def for_validation() -> Any:
+    written (issue 10; :mod:`tss_opt.search.checks`), in order: decide, then (only when
+    needed) build the validation evaluator here and run the check."""
+    candidates = int(cfg.search.get("validation_candidates") or 0)
+    decision = decide_validation(result, storage, candidates)
+    if decision.needed:
+        domain = domain or require_domain(cfg)
         release = getattr(evaluator, "release_prefills", None)
         if callable(release):  # the calibration prompts' prefills go before validation keeps its own
             release()
-        return validation_evaluator(cfg, evaluator, domain)
-
-    line = check_on_validation(
-        result, storage, int(cfg.search.get("validation_candidates") or 0), for_validation, unavailable
-    )
+        ev = validation_evaluator(cfg, evaluator, domain)
+        line = run_validation(result, storage, candidates, ev, "" if ev is not None else _unavailable(domain))
+    else:
+        line = decision.line
     if line is not None:
         print(line)
+
+
+def _unavailable(domain: Domain) -> str:
+    """Why the validation split has no evaluator."""
+    if not domain.split("validation"):
+        return "the domain has no validation prompts (validation_size: 0)"
+    return "the evaluator cannot run the validation split (its factory takes no `split`)"
 
 
 def format_result(result: SearchResult, wall_s: float) -> str:

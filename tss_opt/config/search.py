@@ -53,17 +53,15 @@ __all__ = [
     "DEFAULT_EPS_METRIC_ABS",
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HEARTBEAT_INTERVAL",
-    "BFS_MODES",
     "FEASIBILITIES",
     "IDENTITY_FIELDS",
     "LEGACY_IDENTITY",
     "MODES",
-    "OPTUNA_MODES",
-    "SEEDED_MODES",
     "SLEB_SCORES",
     "SELECTIONS",
     "Feasibility",
     "Mode",
+    "ModeSpec",
     "SearchSettings",
     "SearchSettingsError",
     "Selection",
@@ -81,21 +79,89 @@ DEFAULT_GRACE_PERIOD = 30
 DEFAULT_EPS_METRIC_ABS = 0.005
 
 
+@dataclass(frozen=True)
+class ModeSpec:
+    """What one search mode is: every way the modes differ, declared once on the mode's
+    :class:`Mode` member and read by the settings (the study identity), the pure planners
+    and the strategy registry (:mod:`tss_opt.search.registry`, which turns ``plan`` and
+    ``sampler`` into functions). No code compares mode names.
+
+    Attributes:
+        plan: The planner kind that replays the mode over the stored results, run by the
+            shared queue and workers: ``"breadth_first"`` (Algorithm 1), ``"greedy"``,
+            ``"random"`` or ``"one_objective"``; ``""`` for an Optuna-sampler mode.
+        sampler: The Optuna sampler class (``optuna.samplers.<sampler>``) of an
+            Optuna-driven mode, run in one process; ``""`` for a queued mode.
+        every_subset: Algorithm 1's level k is every k-subset of the pool (``exhaustive``);
+            otherwise the ``beam_width`` best parents are extended by one pool layer.
+        objective: ``"both"``, or the one objective (``"accept"`` / ``"metric"``) that drives
+            a one-objective mode's pool, search-time feasibility and beam ranking.
+        stops_on_metric: A greedy mode that stops at the first step whose best candidate
+            breaks the metric bound (GM-Skip's tolerance stop).
+        ranks_by_score: A greedy mode that ranks removals by ``sleb_score`` (SLEB); the
+            setting then joins the study identity.
+        seeded: Draws random numbers: ``seed`` joins the study identity.
+        needs_budget: Refused without ``max_trials`` (it would never stop).
+        first_level_one: Its first level is the baseline and one skip set (random draws,
+            Optuna proposals) rather than every single-layer skip.
+    """
+
+    plan: str = ""
+    sampler: str = ""
+    every_subset: bool = False
+    objective: str = "both"
+    stops_on_metric: bool = False
+    ranks_by_score: bool = False
+    seeded: bool = False
+    needs_budget: bool = False
+    first_level_one: bool = False
+
+    def __post_init__(self) -> None:
+        # Exactly one of the two ways to run, so the registry never guesses.
+        if bool(self.plan) == bool(self.sampler):
+            raise ValueError(f"a mode has a planner or an Optuna sampler, not both or neither: {self}")
+
+    @property
+    def breadth_first(self) -> bool:
+        """Algorithm 1 itself: its result keeps the plan's own feasibility and levels (the
+        rivals' results judge every evaluated set by one rule)."""
+        return self.plan == "breadth_first"
+
+    @property
+    def queued(self) -> bool:
+        """Run by the shared queue and workers (several workers may join)."""
+        return bool(self.plan)
+
+
+# The rival strategies drawn at random: a budget, a first level of one set, a seed.
+_DRAWN = {"needs_budget": True, "first_level_one": True, "seeded": True}
+
+
 class Mode(StrEnum):
     """The search strategy: Algorithm 1's breadth-first search (``exhaustive``: every k-subset
     of the pool; ``beam``: the best parents extended) or a rival on the same study space
-    (:mod:`tss_opt.search.strategies`)."""
+    (:mod:`tss_opt.search.strategies`). Each member carries its :class:`ModeSpec`
+    (``Mode.beam.spec``): the one registry of what differs between modes. The values are
+    the ``mode`` setting's names (Hydra validates them at compose time)."""
 
-    exhaustive = "exhaustive"
-    beam = "beam"
-    sleb = "sleb"
-    gm_skip = "gm_skip"
-    random = "random"
-    accept_only = "accept_only"
-    metric_only = "metric_only"
-    tpe = "tpe"
-    nsga2 = "nsga2"
-    gp = "gp"
+    spec: ModeSpec
+
+    def __new__(cls, value: str, spec: ModeSpec) -> Mode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.spec = spec
+        return member
+
+    exhaustive = "exhaustive", ModeSpec(plan="breadth_first", every_subset=True)
+    beam = "beam", ModeSpec(plan="breadth_first")
+    sleb = "sleb", ModeSpec(plan="greedy", ranks_by_score=True)
+    gm_skip = "gm_skip", ModeSpec(plan="greedy", stops_on_metric=True)
+    random = "random", ModeSpec(plan="random", **_DRAWN)
+    accept_only = "accept_only", ModeSpec(plan="one_objective", objective="accept")
+    metric_only = "metric_only", ModeSpec(plan="one_objective", objective="metric")
+    tpe = "tpe", ModeSpec(sampler="TPESampler", **_DRAWN)
+    nsga2 = "nsga2", ModeSpec(sampler="NSGAIISampler", **_DRAWN)
+    gp = "gp", ModeSpec(sampler="GPSampler", **_DRAWN)
 
 
 class Selection(StrEnum):
@@ -113,12 +179,6 @@ class Feasibility(StrEnum):
 
 
 MODES = tuple(m.value for m in Mode)
-# The breadth-first search of Algorithm 1 (BreadthFirstSampler replays plan_search).
-BFS_MODES = ("exhaustive", "beam")
-# Rival strategies run by Optuna's own samplers (tss_opt.search.optuna_strategy).
-OPTUNA_MODES = ("tpe", "nsga2", "gp")
-# Strategies that draw random numbers; their `seed` is part of the study's identity.
-SEEDED_MODES = ("random", *OPTUNA_MODES)
 SLEB_SCORES = ("metric", "accept_length")
 SELECTIONS = tuple(m.value for m in Selection)
 FEASIBILITIES = tuple(m.value for m in Feasibility)
@@ -308,6 +368,12 @@ class SearchSettings:
                     f"early_barrier + latter_barrier <= {num_layers - 1}."
                 )
 
+    @property
+    def mode_spec(self) -> ModeSpec:
+        """What ``mode`` is (:class:`ModeSpec`); ``mode`` may still be a plain string when a
+        caller assigned it after construction, so it is parsed here."""
+        return Mode.parse("mode", self.mode).spec
+
     def allowed_layers(self, num_layers: int) -> tuple[int, ...]:
         """Layers the barriers allow to skip: ``early_barrier .. L-1-latter_barrier``."""
         self.validate(num_layers)
@@ -325,9 +391,10 @@ class SearchSettings:
         if self.eps_metric_abs > 0:
             # Issue 36: the floor changes which sets are feasible where dense scores ~0.
             out["eps_metric_abs"] = float(self.eps_metric_abs)
-        if self.mode in SEEDED_MODES:
+        spec = self.mode_spec
+        if spec.seeded:
             out["seed"] = self.seed
-        if self.mode == "sleb":
+        if spec.ranks_by_score:
             out["sleb_score"] = self.sleb_score
         if self.futility_stopping:
             # Issue 21: on, it changes which trials stop; off, the identity (and the study

@@ -303,7 +303,7 @@ def _next_level(
     objective: str = "both",
     metric_higher_is_better: bool = True,
 ) -> list[Config]:
-    if settings.mode == "exhaustive":
+    if settings.mode_spec.every_subset:
         children = {frozenset(c) for c in itertools.combinations(pool, k)}
     else:
         if objective == "metric":

@@ -1,48 +1,57 @@
-"""Optuna's own samplers for the ``tpe``, ``nsga2`` and ``gp`` strategies, with the barrier
-layers held at ``False`` (the registry, :mod:`tss_opt.search.registry`, names them)."""
+"""Optuna's own samplers for the Optuna-driven modes (``tpe``, ``nsga2``, ``gp``), with the
+barrier layers held at ``False``. Which mode uses which sampler is declared on the mode
+(``ModeSpec.sampler``, :mod:`tss_opt.config.search`); this module builds each sampler."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.samplers import BaseSampler
 
-__all__ = ["OPTUNA_SAMPLERS", "make_sampler", "with_barriers"]
-
-# mode -> what builds its sampler (seed, budget).
-OPTUNA_SAMPLERS = ("tpe", "nsga2", "gp")
+__all__ = ["SAMPLER_BUILDERS", "startup_trials", "with_barriers"]
 
 
-def make_sampler(mode: str, seed: int, max_trials: int) -> BaseSampler:
-    """Optuna's sampler for ``mode``.
+def startup_trials(max_trials: int) -> int:
+    """Startup (random) trials: Optuna's default (10) capped at a quarter of the budget, so
+    small budgets still reach the model-based phase."""
+    return max(1, min(10, max_trials // 4))
 
-    The samplers see the search's constraints through ``Trial.set_constraint`` (what the
-    objective writes; Optuna 5 reads them and deprecates ``constraints_func``).
 
-    Startup (random) trials: Optuna's defaults capped at a quarter of the budget, so small
-    budgets still reach the model-based phase; NSGA-II's population likewise.
-    """
-    startup = max(1, min(10, max_trials // 4))
+def _tpe(seed: int, max_trials: int) -> BaseSampler:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        if mode == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
-        if mode == "nsga2":
-            return optuna.samplers.NSGAIISampler(
-                seed=seed, population_size=max(4, min(50, max_trials // 4))
-            )
-        if mode == "gp":
-            try:
-                import scipy  # noqa: F401
-                import torch  # noqa: F401
-            except ImportError as e:  # GPSampler needs both
-                raise ValueError(
-                    f"mode='gp' needs scipy and torch ({e}); install them or pick tpe / nsga2."
-                ) from e
-            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
-    raise ValueError(f"Unknown Optuna strategy {mode!r}; expected one of: {', '.join(OPTUNA_SAMPLERS)}.")
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials(max_trials))
+
+
+def _nsga2(seed: int, max_trials: int) -> BaseSampler:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        # NSGA-II's population, like the startup trials, capped at a quarter of the budget.
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, max_trials // 4)))
+
+
+def _gp(seed: int, max_trials: int) -> BaseSampler:
+    try:
+        import scipy  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:  # GPSampler needs both
+        raise ValueError(f"mode='gp' needs scipy and torch ({e}); install them or pick tpe / nsga2.") from e
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials(max_trials))
+
+
+# ModeSpec.sampler (an optuna.samplers class name) -> ``builder(seed, max_trials)``.
+# The samplers see the search's constraints through ``Trial.set_constraint`` (what the
+# objective writes; Optuna 5 reads them and deprecates ``constraints_func``).
+SAMPLER_BUILDERS: Mapping[str, Callable[[int, int], BaseSampler]] = {
+    "TPESampler": _tpe,
+    "NSGAIISampler": _nsga2,
+    "GPSampler": _gp,
+}
 
 
 class _Barriers(BaseSampler):

@@ -12,8 +12,8 @@ skip set already evaluated is not evaluated again: its trial completes with the 
 results ignore it). At most ``5 * max_trials`` proposals are made, then the search stops.
 ``max_depth`` does not bound these samplers (they search the whole space).
 
-One process only: the duplicate check and the budget are counted in the running process, so
-``n_workers_hint > 1`` is refused. Resume works (completed evaluations count against the
+One process only: the duplicate check and the budget are counted in the running process (run
+one worker per study). Resume works (completed evaluations count against the
 budget) but a resumed run need not propose what an uninterrupted one would have (the
 samplers' random state is not stored).
 """
@@ -157,7 +157,6 @@ def run_optuna_strategy(
     info: EvaluatorInfo,
     progress: Progress,
     *,
-    n_workers_hint: int | None = None,
     guard: InterruptGuard | None = None,
 ) -> SearchResult:
     """Run (or resume) a ``tpe`` / ``nsga2`` / ``gp`` search in this process.
@@ -165,12 +164,12 @@ def run_optuna_strategy(
     Trials run through :class:`~tss_opt.search.lifecycle.TrialLife`, as the queued
     strategies' do (interrupts, stalls, fail reasons).
 
-    :func:`~tss_opt.search.run_search` has checked the budget and the worker count.
+    :func:`~tss_opt.search.run_search` has checked the budget.
     """
     assert settings.max_trials is not None
     factory = strategy_for(settings.mode).sampler
     assert factory is not None, f"mode={settings.mode!r} runs through the queue"
-    base = factory(settings.mode, settings.seed, settings.max_trials)
+    base = factory(settings.seed, settings.max_trials)
     allowed = set(settings.allowed_layers(info.num_layers))
     fixed = {param_name(i) for i in range(info.num_layers) if i not in allowed}
     sampler = with_barriers(base, fixed)

@@ -23,17 +23,11 @@ from tss_opt.search.algorithm import (
 )
 
 __all__ = [
-    "GREEDY_MODES",
-    "ONE_OBJECTIVE_MODES",
     "plan_greedy",
     "plan_one_objective",
     "plan_random",
     "random_sequence",
 ]
-
-GREEDY_MODES = ("sleb", "gm_skip")
-ONE_OBJECTIVE_MODES = {"accept_only": "accept", "metric_only": "metric"}
-
 
 def plan_one_objective(
     settings: SearchSettings,
@@ -45,13 +39,13 @@ def plan_one_objective(
     """``accept_only`` / ``metric_only``: Algorithm 1 in beam mode ranked on one objective."""
     return plan_search(
         settings, num_layers, results, metric_higher_is_better=metric_higher_is_better,
-        objective=ONE_OBJECTIVE_MODES[settings.mode],
+        objective=settings.mode_spec.objective,
     )
 
 
-def _greedy_key(mode: str, settings: SearchSettings, hib: bool):
+def _greedy_key(settings: SearchSettings, hib: bool):
     sign = 1.0 if hib else -1.0
-    by_accept = mode == "sleb" and settings.sleb_score == "accept_length"
+    by_accept = settings.mode_spec.ranks_by_score and settings.sleb_score == "accept_length"
 
     def key(c: Config, m: Measurement) -> tuple:
         metric = sign * m.metric
@@ -69,9 +63,9 @@ def plan_greedy(
     metric_higher_is_better: bool = True,
 ) -> SearchPlan:
     """Replay the greedy ``sleb`` / ``gm_skip`` search over ``results`` (see module doc)."""
-    mode = settings.mode
+    spec = settings.mode_spec
     allowed = settings.allowed_layers(num_layers)
-    key = _greedy_key(mode, settings, metric_higher_is_better)
+    key = _greedy_key(settings, metric_higher_is_better)
     replay = LevelReplay(settings, results, metric_higher_is_better=metric_higher_is_better)
     current: Config = frozenset()
     for k in itertools.count():
@@ -93,7 +87,7 @@ def plan_greedy(
             if not measured:
                 return replay.stop(f"step {k}: every candidate failed")
             best = min(measured, key=lambda c: key(c, results[c]))  # type: ignore[arg-type]
-            if mode == "gm_skip" and not restrict(thr, "metric").satisfied(results[best]):  # type: ignore[arg-type]
+            if spec.stops_on_metric and not restrict(thr, "metric").satisfied(results[best]):  # type: ignore[arg-type]
                 return replay.stop(
                     f"step {k}: no candidate keeps the metric within eps_metric (best {list(canonical(best))})"
                 )

@@ -1,11 +1,13 @@
 """The strategy registry: every search ``mode`` and how it is run, in one place (issue 19).
 
-A strategy is either a *planner* (a pure function from the stored results to a
-:class:`~tss_opt.search.algorithm.SearchPlan`, run by the shared queue and workers:
-several workers may join) or an *Optuna sampler* (run in one process by
-:mod:`tss_opt.search.optuna_strategy`). Everything that differs between modes is an
-attribute of its :class:`Strategy`; code elsewhere asks :func:`strategy_for` and never
-compares mode names.
+What differs between modes is declared once, on the mode itself
+(:class:`~tss_opt.config.search.ModeSpec`, ``Mode.<name>.spec``: planner kind, Optuna
+sampler, seeded, greedy stop, one objective, budget). This module turns a spec into the
+functions that run it: a *planner* (a pure function from the stored results to a
+:class:`~tss_opt.search.algorithm.SearchPlan`, run by the shared queue and workers: several
+workers may join) or an *Optuna sampler* (run in one process by
+:mod:`tss_opt.search.optuna_strategy`). Code elsewhere asks :func:`strategy_for` (or
+``settings.mode_spec``) and never compares mode names.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from dataclasses import dataclass
 
 from optuna.samplers import BaseSampler
 
-from tss_opt.config.search import MODES, SearchSettings
+from tss_opt.config.search import MODES, Mode, ModeSpec, SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, SearchPlan, plan_search
-from tss_opt.search.optuna_samplers import make_sampler
+from tss_opt.search.optuna_samplers import SAMPLER_BUILDERS
 from tss_opt.search.planners import plan_greedy, plan_one_objective, plan_random
 
 __all__ = [
+    "PLANNERS",
     "QUEUED_MODES",
     "STRATEGIES",
     "Strategy",
@@ -31,55 +34,58 @@ __all__ = [
 ]
 
 Planner = Callable[..., SearchPlan]
-SamplerFactory = Callable[[str, int, int], BaseSampler]
+SamplerFactory = Callable[[int, int], BaseSampler]
+
+# ModeSpec.plan -> the planner that replays it.
+PLANNERS: Mapping[str, Planner] = {
+    "breadth_first": plan_search,
+    "greedy": plan_greedy,
+    "random": plan_random,
+    "one_objective": plan_one_objective,
+}
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """How one mode searches.
+    """How one mode searches: its :class:`~tss_opt.config.search.ModeSpec` with the
+    functions that run it.
 
     Attributes:
         mode: The ``mode`` setting.
         planner: ``planner(settings, num_layers, results, metric_higher_is_better=...)``
             for queued strategies, else ``None``.
-        sampler: ``sampler(mode, seed, max_trials)`` for Optuna-sampler strategies, else
-            ``None``.
-        breadth_first: Algorithm 1 itself: its result keeps the plan's own feasibility
-            and levels (the rivals' results judge every evaluated set by one rule).
-        needs_budget: Refused without ``max_trials`` (it would never stop).
-        first_level_one: Its first level is the baseline and one skip set (random draws,
-            Optuna proposals) rather than every single-layer skip.
+        sampler: ``sampler(seed, max_trials)`` for Optuna-sampler strategies, else ``None``.
     """
 
-    mode: str
+    mode: Mode
     planner: Planner | None = None
     sampler: SamplerFactory | None = None
-    breadth_first: bool = False
-    needs_budget: bool = False
-    first_level_one: bool = False
+
+    @property
+    def spec(self) -> ModeSpec:
+        """What the mode is (seeded, greedy, budget, ...)."""
+        return self.mode.spec
 
     @property
     def queued(self) -> bool:
         """Run by the shared queue and workers (several workers may join)."""
-        return self.planner is not None
+        return self.spec.queued
+
+    @property
+    def breadth_first(self) -> bool:
+        """Algorithm 1 itself (see :attr:`ModeSpec.breadth_first`)."""
+        return self.spec.breadth_first
 
 
-STRATEGIES: Mapping[str, Strategy] = {
-    s.mode: s
-    for s in (
-        Strategy("exhaustive", planner=plan_search, breadth_first=True),
-        Strategy("beam", planner=plan_search, breadth_first=True),
-        Strategy("sleb", planner=plan_greedy),
-        Strategy("gm_skip", planner=plan_greedy),
-        Strategy("random", planner=plan_random, needs_budget=True, first_level_one=True),
-        Strategy("accept_only", planner=plan_one_objective),
-        Strategy("metric_only", planner=plan_one_objective),
-        Strategy("tpe", sampler=make_sampler, needs_budget=True, first_level_one=True),
-        Strategy("nsga2", sampler=make_sampler, needs_budget=True, first_level_one=True),
-        Strategy("gp", sampler=make_sampler, needs_budget=True, first_level_one=True),
-    )
-}
-assert set(STRATEGIES) == set(MODES), "every mode of tss_opt.config.search has a strategy"
+def _strategy(mode: Mode) -> Strategy:
+    spec = mode.spec
+    if spec.queued:
+        return Strategy(mode, planner=PLANNERS[spec.plan])
+    return Strategy(mode, sampler=SAMPLER_BUILDERS[spec.sampler])
+
+
+# One strategy per member of Mode, built from its spec (no second list of modes).
+STRATEGIES: Mapping[str, Strategy] = {m.value: _strategy(m) for m in Mode}
 
 # Strategies run by the shared queue and workers (several workers may join).
 QUEUED_MODES = tuple(m for m in MODES if STRATEGIES[m].queued)
@@ -100,7 +106,7 @@ def strategy_for(mode: str) -> Strategy:
 
 def first_level_size(settings: SearchSettings, num_layers: int) -> int:
     """Evaluations a strategy's first level needs, the dense baseline included."""
-    if strategy_for(settings.mode).first_level_one:
+    if strategy_for(settings.mode).spec.first_level_one:
         return 2  # the baseline and one drawn / proposed skip set
     return 1 + len(settings.allowed_layers(num_layers))  # the baseline and every single skip
 
@@ -116,12 +122,13 @@ def check_budget(settings: SearchSettings, num_layers: int) -> None:
             below the strategy's first level; the message says how many evaluations it needs.
     """
     strategy = strategy_for(settings.mode)
-    if strategy.breadth_first:
+    spec = strategy.spec
+    if spec.breadth_first:
         return
     mode = strategy.mode
     need = first_level_size(settings, num_layers)
     if settings.max_trials is None:
-        if strategy.needs_budget:
+        if spec.needs_budget:
             raise ValueError(
                 f"mode={mode!r} needs a budget: set max_trials (at least {need}: the dense "
                 "baseline and one skip set), e.g. max_trials=60."
@@ -130,7 +137,7 @@ def check_budget(settings: SearchSettings, num_layers: int) -> None:
     if settings.max_trials < need:
         what = (
             "the dense baseline and one skip set"
-            if strategy.first_level_one
+            if spec.first_level_one
             else f"the dense baseline and {need - 1} single-layer skip(s) of the allowed layers"
         )
         raise ValueError(

@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
+from optuna.storages import BaseStorage, RDBStorage
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.errors import TSSError
@@ -19,7 +19,7 @@ from tss_opt.search.interrupts import InterruptGuard
 from tss_opt.search.note import save_search_note
 from tss_opt.search.optuna_strategy import run_optuna_strategy
 from tss_opt.search.progress import Progress
-from tss_opt.search.registry import QUEUED_MODES, check_budget, strategy_for
+from tss_opt.search.registry import check_budget, strategy_for
 from tss_opt.search.result import SearchResult
 from tss_opt.search.sampler import MAX_CRASH_RETRIES, BreadthFirstSampler
 from tss_opt.search.stored import result_from_state
@@ -47,7 +47,6 @@ def run_search(
     storage: str | BaseStorage | None,
     study_name: str,
     metadata: Mapping[str, Any] | None = None,
-    n_workers_hint: int | None = None,
     show_progress: bool = True,
     **setting_values: Any,
 ) -> SearchResult:
@@ -78,7 +77,6 @@ def run_search(
             (``sleb``, ``gm_skip``, ``random``, ``accept_only``, ``metric_only``, ``tpe``,
             ``nsga2``, ``gp``; see :mod:`tss_opt.search.strategies`), with ``seed`` and
             ``sleb_score`` for those that use them.
-        n_workers_hint: How many workers are expected (checked against the storage; logged).
         show_progress: Log progress at INFO (else DEBUG) on logger ``tss_opt.search``.
         **setting_values: :class:`SearchSettings` fields (``mode``, ``beam_width``,
             ``max_depth``, ``eps_accept``, ``eps_metric``, ``tau_accept``, ``tau_metric``,
@@ -105,17 +103,11 @@ def run_search(
     settings.validate(info.num_layers)
     check_budget(settings, info.num_layers)
     strategy = strategy_for(settings.mode)
-    if not strategy.queued and n_workers_hint is not None and n_workers_hint > 1:
-        raise ValueError(
-            f"mode={settings.mode!r} runs in one process (its sampler's duplicate check and "
-            f"budget are counted there); got n_workers_hint={n_workers_hint}. Run one worker, "
-            f"or use a queued strategy ({', '.join(QUEUED_MODES)}) for several."
-        )
     if not isinstance(study_name, str) or not study_name:
         raise ValueError(f"study_name={study_name!r} must be a non-empty string.")
     guard = InterruptGuard()
     progress = Progress(info.metric_name, show=show_progress)
-    with guard.held(), _storage_for(storage, settings, n_workers_hint) as store, _closing(progress):
+    with guard.held(), _storage_for(storage, settings) as store, _closing(progress):
         create_or_load_study(store, study_name, info, settings, metadata)
         if not strategy.queued:
             logger.log(
@@ -123,8 +115,7 @@ def run_search(
                 study_name, settings.mode, info.num_layers, settings.max_trials,
             )
             result = run_optuna_strategy(
-                store, study_name, settings, evaluator, info, progress,
-                n_workers_hint=n_workers_hint, guard=guard,
+                store, study_name, settings, evaluator, info, progress, guard=guard
             )
             _finish(store, study_name, result, progress)
             return result
@@ -134,11 +125,10 @@ def run_search(
         study = optuna.load_study(study_name=study_name, storage=store, sampler=sampler)
         logger.log(
             progress.level,
-            "worker joins study '%s' (%s mode, L=%d%s)",
+            "worker joins study '%s' (%s mode, L=%d)",
             study_name,
             settings.mode,
             info.num_layers,
-            f", {n_workers_hint} workers expected" if n_workers_hint else "",
         )
         state = Worker(study, evaluator, info, progress, guard).run()
         if state.plan.baseline is None:
@@ -189,9 +179,7 @@ def _closing(progress: Progress) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _storage_for(
-    storage: str | BaseStorage | None, settings: SearchSettings, n_workers_hint: int | None
-) -> Iterator[BaseStorage]:
+def _storage_for(storage: str | BaseStorage | None, settings: SearchSettings) -> Iterator[BaseStorage]:
     with warnings.catch_warnings():
         # Optuna marks the retry callback experimental; the warning says nothing actionable.
         warnings.simplefilter("ignore", ExperimentalWarning)
@@ -205,11 +193,6 @@ def _storage_for(
         )
         return
     backend = unwrap_storage(storage)
-    if isinstance(backend, InMemoryStorage) and n_workers_hint and n_workers_hint > 1:
-        raise ValueError(
-            f"n_workers_hint={n_workers_hint} but the storage is in-memory, which other "
-            "processes cannot see; pass an RDB URL such as sqlite:///storage/tss.db."
-        )
     if not isinstance(backend, RDBStorage):
         yield storage
         return

@@ -7,9 +7,9 @@ baseline included) and final selection (``selection`` over every evaluated set),
 trials of the same shape as the breadth-first search.
 
 Deterministic strategies are *planners*: pure functions from the stored results to a
-:class:`~tss_opt.search.algorithm.SearchPlan`, run by :class:`StrategySampler` through the
-same queue and workers as :class:`~tss_opt.search.BreadthFirstSampler` (so several workers
-and resume work unchanged). A "level" of a plan is one step of the strategy:
+:class:`~tss_opt.search.algorithm.SearchPlan`, run by
+:class:`~tss_opt.search.BreadthFirstSampler` through the same queue and workers as the
+breadth-first search (so several workers and resume work unchanged). A "level" of a plan is one step of the strategy:
 
 - ``sleb``: step k evaluates ``S_{k-1} + {l}`` for every allowed layer ``l`` not in
   ``S_{k-1}``; ``S_k`` is the candidate with the best quality score (``sleb_score``: the task
@@ -25,7 +25,9 @@ and resume work unchanged). A "level" of a plan is one step of the strategy:
 
 ``tpe``, ``nsga2`` and ``gp`` run Optuna's samplers (:mod:`tss_opt.search.optuna_strategy`).
 
-Which mode is which lives in one place, :mod:`tss_opt.search.registry`; the planners are in
+What differs between modes is declared once on the mode
+(:class:`~tss_opt.config.search.ModeSpec`) and turned into functions by
+:mod:`tss_opt.search.registry`; the planners are in
 :mod:`tss_opt.search.planners`. This module keeps the shared feasibility rule and re-exports
 both for existing imports.
 """
@@ -34,21 +36,11 @@ from __future__ import annotations
 
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Feasibility, Measurement, feasibility_for
-from tss_opt.search.planners import (
-    GREEDY_MODES,
-    ONE_OBJECTIVE_MODES,
-    plan_greedy,
-    plan_random,
-    random_sequence,
-)
+from tss_opt.search.planners import plan_greedy, plan_random, random_sequence
 from tss_opt.search.registry import QUEUED_MODES, check_budget, first_level_size, plan_strategy
-from tss_opt.search.sampler import BreadthFirstSampler
 
 __all__ = [
-    "GREEDY_MODES",
-    "ONE_OBJECTIVE_MODES",
     "QUEUED_MODES",
-    "StrategySampler",
     "check_budget",
     "feasibility_rule",
     "first_level_size",
@@ -68,7 +60,3 @@ def feasibility_rule(
     judged exactly as the breadth-first search and the worker judge its trials."""
     return feasibility_for(baseline, settings, metric_higher_is_better=metric_higher_is_better)
 
-
-class StrategySampler(BreadthFirstSampler):
-    """:class:`BreadthFirstSampler` by its older name: every queued mode's sampler (the plan
-    comes from the registry)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 NGRAM = 4
-MIN_TOKENS = NGRAM + 1  # shorter outputs hold at most one 4-gram: nothing can repeat
 
 
 def repeated_ngram_share(tokens: Sequence[int], n: int = NGRAM) -> float:
