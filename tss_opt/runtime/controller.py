@@ -44,9 +44,7 @@ from tss_opt.mapping import DomainMapping, MappingError, load_mapping
 from tss_opt.mapping.rule import entry_verifier
 from tss_opt.runtime.chat import chat_ids, has_system, is_chat
 from tss_opt.runtime.router import DomainRouter, RouteDecision
-
-# Kept importable from here (older code imports them from the controller).
-from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path, router_domains
+from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -58,9 +56,6 @@ __all__ = [
     "ControllerResult",
     "TSSController",
     "domain_system_prompts",
-    "load_or_fit_router",
-    "router_cache_path",
-    "router_domains",
 ]
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tss_opt.decoding.batch_budget import DepthPolicy
-from tss_opt.runtime.controller import TSSController, chat_ids
+from tss_opt.runtime.chat import chat_ids
+from tss_opt.runtime.controller import TSSController
 from tss_opt.runtime.server.errors import APIError
 from tss_opt.runtime.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from tss_opt.runtime.server.reload import MappingReloader
