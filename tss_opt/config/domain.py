@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["DomainConfig"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "DomainConfig"]
+
+DEFAULT_MAX_NEW_TOKENS = 96
+"""The paper's generation length per prompt (TSS.md): a domain's default, the decoding
+protocol's and the commands' when ``max_new_tokens`` is null."""
 
 
 @dataclass
@@ -49,7 +53,7 @@ class DomainConfig:
     reference_field: str = "references"
     reference_pattern: str | None = None
     extra_metrics: list[str] = field(default_factory=list)
-    max_new_tokens: int = 96
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     pool_size: int = 80
     calibration_size: int = 16
     validation_size: int = 16
