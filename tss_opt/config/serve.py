@@ -2,8 +2,9 @@
 
 They are top-level keys of the configuration tree (``host=0.0.0.0``, ``port=8080``,
 ``allow_open=true``...): :class:`~tss_opt.config.schema.TSSConfig` inherits them. Meanings and
-defaults are documented in docs/serving.md; the server reads them once, at start, into
-``tss_opt.runtime.server.settings.ServerSettings``.
+defaults are documented in docs/serving.md (each default is written once, here). The serve
+command reads them once, at start, as one typed value (:func:`serve_settings`), which
+``tss_opt.runtime.server.settings.ServerSettings.from_serve`` checks.
 """
 
 from __future__ import annotations
