@@ -40,13 +40,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def eos_ids(tiny: LoadedModel) -> list[int]:
-    ids = tiny.model.generation_config.eos_token_id
-    if ids is None:
-        ids = tiny.tokenizer.eos_token_id
-    return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
-
-
 def tiny_router(tiny: LoadedModel, target: TargetModel) -> DomainRouter:
     """A router on a few prompts per domain, threshold -1: every request goes to its nearest
     domain (the background class is left out)."""
@@ -61,7 +54,7 @@ def tiny_router(tiny: LoadedModel, target: TargetModel) -> DomainRouter:
 
 def tiny_controller(tiny: LoadedModel, target: TargetModel, mapping: Path, router: DomainRouter | None = None, **kw: Any) -> TSSController:
     return TSSController(
-        target, tiny.tokenizer, mapping, pld, eos_ids(tiny), router, model_id=TINY_ID,
+        target, tiny.tokenizer, mapping, pld, tiny.eos_token_ids, router, model_id=TINY_ID,
         max_new_tokens=kw.pop("max_new_tokens", 12), **kw,
     )
 

@@ -1,4 +1,4 @@
-"""The serve command and ``TSSController.from_config`` on the tiny model preset."""
+"""The serve command and ``build_controller`` (the controller from the configuration) on the tiny model preset."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
+from tss_opt.assembly.serving import build_controller
 from tss_opt.cli.serve import serve
 from tss_opt.config import config_dir, register_configs
 from tss_opt.mapping import MappingError
-from tss_opt.runtime import TSSController, router_cache_path
+from tss_opt.runtime import router_cache_path
 
 SKIPS = {"qa": [1], "translation": [2, 3]}
 
@@ -46,13 +47,13 @@ def test_from_config_fits_the_router_once_and_reuses_it(write_mapping, caplog):
     caplog.set_level(logging.INFO, logger="tss_opt.runtime")
     path = write_mapping(SKIPS)
     cfg = make_cfg(f"mapping_path={path}")
-    c = TSSController.from_config(cfg)
+    c = build_controller(cfg)
     assert c.router is not None
     assert c.router.domains == ["mmlu", "qa", "rag", "summarization", "translation"]
     cache = router_cache_path(path, "tiny-llama-4l-seed0")
     assert cache.is_file() and any("router: saved" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    again = TSSController.from_config(cfg)
+    again = build_controller(cfg)
     assert any("router: loaded" in r.getMessage() for r in caplog.records)
     assert again.router.thresholds == pytest.approx(c.router.thresholds)
     assert again.router.has_background
@@ -64,7 +65,7 @@ def test_from_config_fits_the_router_once_and_reuses_it(write_mapping, caplog):
 def test_from_config_refuses_a_mapping_for_another_model(write_mapping):
     path = write_mapping(SKIPS, model="HuggingFaceTB/SmolLM2-135M-Instruct", num_layers=30)
     with pytest.raises(MappingError, match="loaded model is 'tiny-llama-4l-seed0'"):
-        TSSController.from_config(make_cfg(f"mapping_path={path}", "request_domain=qa"))
+        build_controller(make_cfg(f"mapping_path={path}", "request_domain=qa"))
 
 
 def test_serve_command_reports_a_missing_mapping(tmp_path):
@@ -81,7 +82,7 @@ def test_empty_mapping_serves_dense_without_fitting_a_router(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="tss_opt.runtime")
     path = tmp_path / "mapping.yaml"
     path.write_text("format: 1\ndomains: {}\n", encoding="utf-8")
-    c = TSSController.from_config(make_cfg(f"mapping_path={path}"))
+    c = build_controller(make_cfg(f"mapping_path={path}"))
     assert c.router is None and not router_cache_path(path, "tiny-llama-4l-seed0").exists()
     assert any("has no domains" in r.getMessage() for r in caplog.records)
     res = c.generate("hello")
@@ -109,7 +110,7 @@ def test_serve_applies_the_domain_system_prompt_as_the_search_did(write_mapping,
         return real(self, ids, *args, **kwargs)
 
     monkeypatch.setattr(batch_mod.BatchEngine, "admit", spy)
-    c = TSSController.from_config(make_cfg(f"mapping_path={write_mapping({'mine': [1], 'qa': [2]})}", "request_domain=mine"))
+    c = build_controller(make_cfg(f"mapping_path={write_mapping({'mine': [1], 'qa': [2]})}", "request_domain=mine"))
     c.system_prompts = {d: p for d, p in prompts.items() if p}
     c.generate("What is 6 times 7?", "mine")
     c.generate("What is 6 times 7?", "qa")

@@ -136,11 +136,13 @@ def test_settings_refuse_an_open_non_loopback_bind():
 def test_the_key_comes_from_tss_api_key_and_two_different_keys_are_refused():
     from omegaconf import OmegaConf
 
+    from tss_opt.config.serve import serve_settings
+
     cfg = OmegaConf.create({"host": "0.0.0.0", "api_key": None})
-    assert ServerSettings.from_config(cfg, environ={"TSS_API_KEY": "abc"}).api_key == "abc"
+    assert ServerSettings.from_serve(serve_settings(cfg), environ={"TSS_API_KEY": "abc"}).api_key == "abc"
     cfg2 = OmegaConf.create({"api_key": "key-from-argv-123"})
     with pytest.raises(UsageError, match="differ") as e:
-        ServerSettings.from_config(cfg2, environ={"TSS_API_KEY": "key-from-env-456"})
+        ServerSettings.from_serve(serve_settings(cfg2), environ={"TSS_API_KEY": "key-from-env-456"})
     assert "key-from" not in str(e.value)
 
 

@@ -44,10 +44,8 @@ class Assembly:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        ids = self.loaded.model.generation_config.eos_token_id
-        if ids is None:
-            ids = self.loaded.tokenizer.eos_token_id
-        return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+        """The loaded model's stop tokens (:attr:`LoadedModel.eos_token_ids`)."""
+        return self.loaded.eos_token_ids
 
 
 def assemble(cfg: DictConfig) -> Assembly:

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from tss_opt.assembly import assemble, build_verifier
 from tss_opt.cli.common import hydra_entry
+from tss_opt.config.domain import DEFAULT_MAX_NEW_TOKENS
 from tss_opt.decoding.drafters.taps import TapsDrafter, format_member_stats
 from tss_opt.decoding.engine import GenerationResult, SpeculativeEngine
 from tss_opt.errors import UsageError
@@ -45,7 +46,7 @@ def generate(cfg: DictConfig) -> GenerationResult:
         rt.target, drafter, eos_token_ids=rt.eos_token_ids, verification=build_verifier(cfg, rt.drafter_cfg)
     )
     res = engine.generate(
-        ids, max_new_tokens=int(cfg.get("max_new_tokens") or 96), skip=list(cfg.skip), scope=cfg.scope,
+        ids, max_new_tokens=int(cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS), skip=list(cfg.skip), scope=cfg.scope,
         temperature=float(cfg.temperature),
     )
     print(rt.loaded.tokenizer.decode(res.tokens, skip_special_tokens=True))

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tss_opt.assembly import assemble, base_protocol
 from tss_opt.cli.common import hydra_entry
+from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.config.search_path import domain_config_dirs
 from tss_opt.errors import UsageError
 from tss_opt.evaluation.domains import Domain, load_domain, read_domain_config
@@ -72,7 +73,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
     from tss_opt.report.heldout import add_study_plots, run_heldout, write_report
     from tss_opt.report.tables import markdown_table
 
-    level = _level(cfg.get("report_confidence", 0.9))  # refuse a bad level before loading anything
+    level = _level(cfg.get("report_confidence", REPORT_LEVEL))  # refuse a bad level before loading anything
     mapping = load_mapping(cfg.mapping_path)
     domains = report_domains(cfg, mapping)
     rt = assemble(cfg)
@@ -89,7 +90,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
         rt.target, rt.loaded.tokenizer, rt.new_drafter, mapping, domains,
         model_id=rt.loaded.model_id, drafter=drafter, protocol=base_protocol(cfg, rt.eos_token_ids),
         prompts=cfg.get("heldout_prompts"), max_new_tokens=cfg.get("max_new_tokens"), level=level,
-        resamples=int(cfg.get("report_bootstrap", 2000)), seed=int(cfg.get("report_seed", 0)),
+        resamples=int(cfg.get("report_bootstrap", REPORT_RESAMPLES)), seed=int(cfg.get("report_seed", 0)),
         eps_metric=float(cfg.search.eps_metric), relative=bool(cfg.search.relative),
         eps_metric_abs=float(cfg.search.eps_metric_abs),
     )

@@ -47,13 +47,16 @@ def serve(cfg: DictConfig) -> ControllerResult | None:
     """With ``prompt=``: answer it and return the result; without: run the HTTP server until
     interrupted."""
     if cfg.get("prompt") is None:
-        from tss_opt.runtime.server import build_state, run_server
+        from tss_opt.assembly.serving import build_state
+        from tss_opt.runtime.server import run_server
 
         run_server(build_state(cfg), str(cfg.get("log_level", "INFO")))
         return None
     if not str(cfg.prompt).strip():
         raise UsageError('the prompt is empty; give prompt="your text" (or no prompt= to start the HTTP server)')
-    controller = TSSController.from_config(cfg)
+    from tss_opt.assembly.serving import build_controller
+
+    controller = build_controller(cfg)
     res = controller.generate(cfg.prompt, cfg.get("request_domain"))
     print(describe(res, controller))
     print()

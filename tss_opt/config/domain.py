@@ -6,9 +6,19 @@ the schema, so that composing a configuration imports no model or metric library
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["DomainConfig"]
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "DomainConfig", "DomainConfigError", "load_domain_yaml", "typed_domain_config"]
+
+DEFAULT_MAX_NEW_TOKENS = 96
+"""The paper's generation length per prompt (TSS.md): a domain's default, the decoding
+protocol's and the commands' when ``max_new_tokens`` is null."""
 
 
 @dataclass
@@ -49,10 +59,36 @@ class DomainConfig:
     reference_field: str = "references"
     reference_pattern: str | None = None
     extra_metrics: list[str] = field(default_factory=list)
-    max_new_tokens: int = 96
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     pool_size: int = 80
     calibration_size: int = 16
     validation_size: int = 16
     heldout_size: int = 48
     shuffle_seed: int = 42
     train_data: str | None = None
+
+
+class DomainConfigError(ValueError):
+    """A domain node does not fit the schema (an unknown key, a wrong type, a missing ``data``)."""
+
+
+def typed_domain_config(cfg: DomainConfig | Mapping[str, Any]) -> DomainConfig:
+    """A domain node (Hydra's ``cfg.domain``, a dict, a loaded YAML) merged over the schema's
+    defaults into a typed :class:`DomainConfig`.
+
+    Raises:
+        DomainConfigError: The node does not fit the schema (the message is OmegaConf's).
+    """
+    try:
+        source = OmegaConf.structured(cfg) if isinstance(cfg, DomainConfig) else cfg
+        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DomainConfig), source))
+    except OmegaConfBaseException as e:
+        raise DomainConfigError(str(e)) from e
+    assert isinstance(config, DomainConfig)  # to_object of a DomainConfig schema
+    return config
+
+
+def load_domain_yaml(path: str | os.PathLike[str]) -> Any:
+    """A domain YAML file as read by the configuration (interpolations as Hydra's); the
+    caller checks it is a mapping and types it with :func:`typed_domain_config`."""
+    return OmegaConf.load(path)

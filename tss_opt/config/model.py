@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+
+__all__ = ["ModelConfig", "TinyConfig", "to_model_config"]
 
 
 @dataclass
@@ -44,3 +50,18 @@ class ModelConfig:
     seed: int = 0
     trust_remote_code: bool = False
     tiny: TinyConfig = field(default_factory=TinyConfig)
+
+
+def to_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
+    """A model node (Hydra's ``cfg.model``, a plain dict) merged over the schema's defaults
+    into a typed :class:`ModelConfig`; a ``ModelConfig`` is returned as is. The loader
+    (:func:`tss_opt.models.load_model`) checks the values.
+
+    Raises:
+        omegaconf.errors.OmegaConfBaseException: An unknown key or a value of the wrong type.
+    """
+    if isinstance(cfg, ModelConfig):
+        return cfg
+    out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg))
+    assert isinstance(out, ModelConfig)  # to_object of a ModelConfig schema
+    return out

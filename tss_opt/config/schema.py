@@ -18,6 +18,13 @@ from tss_opt.config.search import SearchSettings
 from tss_opt.config.serve import ServeSettings
 from tss_opt.config.train import TrainSettings
 
+REPORT_LEVEL = 0.9
+"""Two-sided coverage of the report's paired intervals (``report_confidence``; docs/report.md)."""
+REPORT_RESAMPLES = 2000
+"""Paired bootstrap resamples of the report's ratio intervals (``report_bootstrap``)."""
+RELAXED_WEIGHTS: tuple[float, ...] = (1.0, 0.8, 0.6, 0.4, 0.2)
+"""``tune_verification``'s grid of DIVERSED weights (``relaxed.weights``)."""
+
 
 @dataclass
 class SearchPreset(SearchSettings):
@@ -72,7 +79,7 @@ class RelaxedSettings:
     policy: str | None = None
     weight_policy: str | None = None
     # tune_verification (python -m tss_opt.cli.tune_verification)
-    weights: list[float] = field(default_factory=lambda: [1.0, 0.8, 0.6, 0.4, 0.2])
+    weights: list[float] = field(default_factory=lambda: list(RELAXED_WEIGHTS))
     epochs: int = 4
     lr: float = 2.0
     step_cost: float = 0.1
@@ -140,8 +147,8 @@ class TSSConfig(ServeSettings):
     report_dir: str = "storage/report"
     report_domains: list[str] = field(default_factory=list)  # [] = every domain in the mapping
     heldout_prompts: int | None = None  # None = the domain's heldout_size (48); compare/sweep: 0 = none
-    report_confidence: float = 0.9  # two-sided coverage of the paired intervals (docs/report.md)
-    report_bootstrap: int = 2000  # paired bootstrap resamples for the ratio intervals (speedup, A ratio)
+    report_confidence: float = REPORT_LEVEL  # two-sided coverage of the paired intervals (docs/report.md)
+    report_bootstrap: int = REPORT_RESAMPLES  # paired bootstrap resamples for the ratio intervals (speedup, A ratio)
     report_seed: int = 0  # seed of that bootstrap: the same seed gives the same intervals
 
     # compare: search strategies run on one domain with one budget (search.max_trials)

@@ -2,13 +2,18 @@
 
 They are top-level keys of the configuration tree (``host=0.0.0.0``, ``port=8080``,
 ``allow_open=true``...): :class:`~tss_opt.config.schema.TSSConfig` inherits them. Meanings and
-defaults are documented in docs/serving.md; the server reads them once, at start, into
-``tss_opt.runtime.server.settings.ServerSettings``.
+defaults are documented in docs/serving.md (each default is written once, here). The serve
+command reads them once, at start, as one typed value (:func:`serve_settings`), which
+``tss_opt.runtime.server.settings.ServerSettings.from_serve`` checks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["ServeSettings", "serve_settings"]
 
 
 @dataclass
@@ -63,3 +68,20 @@ class ServeSettings:
     # on its own before it is killed.
     shutdown_grace: float = 25.0
     served_model_name: str | None = None
+
+
+def serve_settings(cfg: Mapping[str, Any]) -> ServeSettings:
+    """The serve keys of a composed configuration (or a plain mapping) as one typed value;
+    a missing key takes the default above, an empty ``api_key`` is none.
+
+    Values are converted to each default's type (``port="8080"`` from the command line is the
+    integer 8080); ``api_key`` and ``served_model_name`` stay ``None`` when unset.
+    """
+    values: dict[str, Any] = {}
+    for f in fields(ServeSettings):
+        value = cfg.get(f.name, f.default)
+        if value is None or f.default is None:
+            values[f.name] = None if value in (None, "") else str(value)
+        else:
+            values[f.name] = type(f.default)(value)
+    return ServeSettings(**values)

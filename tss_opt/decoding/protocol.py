@@ -13,6 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+# The one value of the default length; re-exported for the decoding callers.
+from tss_opt.config.domain import DEFAULT_MAX_NEW_TOKENS
+
 if TYPE_CHECKING:
     from tss_opt.decoding.drafter import Drafter
     from tss_opt.decoding.engine import SpeculativeEngine
@@ -20,9 +23,6 @@ if TYPE_CHECKING:
     from tss_opt.decoding.verify.relaxed import Verifier
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "PROTOCOL_FIELDS", "DecodeProtocol"]
-
-DEFAULT_MAX_NEW_TOKENS = 96
-"""The paper's generation length per prompt (TSS.md)."""
 
 
 @dataclass(frozen=True)

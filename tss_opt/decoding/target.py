@@ -15,6 +15,24 @@ from tss_opt.decoding.tree import DraftTree
 from tss_opt.errors import TSSError
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The attention mask the model is given, from which slot may attend to which.
+
+    Args:
+        allowed: bool mask of any shape (``(q, kv)``, ``(B, q, kv)``...): True where a query
+            may attend to a key.
+
+    Returns:
+        A ``dtype`` tensor of the same shape on the same device: 0 where allowed, the dtype's
+        minimum elsewhere. The one rule for every 4-D mask we build (verification, the replay,
+        the EAGLE head): a bool or 0/1 mask is silently wrong under "eager" attention
+        (FACTS.md); callers add the head dimension.
+    """
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask
+
+
 class ContextLengthError(TSSError):
     """A prompt (plus the tokens to generate) does not fit the model's context."""
 
@@ -55,8 +73,19 @@ class TargetModel:
         of that size instead of concatenating (``cache.InPlaceLayer``)."""
         return SkipAwareCache(config=self.model.config, capacity=capacity)
 
+    def positions_needed(self, prompt_len: int, max_new_tokens: int, max_draft: int = 0) -> int:
+        """Positions a request uses at most: the prompt, every new token, the draft slots of a
+        step and the bonus token's slot (the one rule of the context fit: ``check_fits``, the
+        server's 400 and the training data's filter all ask it)."""
+        return prompt_len + max_new_tokens + max_draft + 1
+
+    def fits(self, prompt_len: int, max_new_tokens: int, max_draft: int = 0) -> bool:
+        """Whether such a request fits the model's ``max_context`` positions."""
+        return self.positions_needed(prompt_len, max_new_tokens, max_draft) <= self.max_context
+
     def check_fits(self, prompt_len: int, max_new_tokens: int, max_draft: int = 0) -> None:
-        need = prompt_len + max_new_tokens + max_draft + 1
+        """Raise :class:`ContextLengthError` (naming the fix) when the request does not fit."""
+        need = self.positions_needed(prompt_len, max_new_tokens, max_draft)
         if need > self.max_context:
             raise ContextLengthError(
                 f"the prompt has {prompt_len} tokens; with max_new_tokens={max_new_tokens} (+{max_draft} draft "
@@ -117,5 +146,5 @@ class TargetModel:
         allowed = upload(tree.ancestor_matrix(), self.device)  # [n+1, n+1]
         n1 = allowed.shape[0]
         mask = torch.zeros(1, 1, n1, prefix_len + n1, dtype=self.dtype, device=self.device)
-        mask[0, 0, :, prefix_len:].masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask[0, 0, :, prefix_len:] = additive_mask(allowed, self.dtype)  # the prefix: all allowed (0)
         return mask

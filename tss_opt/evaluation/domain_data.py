@@ -16,10 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from tss_opt.config.domain import DomainConfig
+from tss_opt.config.domain import DomainConfig, DomainConfigError, typed_domain_config
 from tss_opt.errors import TSSError
 
 __all__ = [
@@ -60,16 +57,17 @@ class Example:
 
 
 def to_domain_config(cfg: DomainConfig | Mapping[str, Any]) -> DomainConfig:
-    """Validates a mapping (dict, OmegaConf DictConfig) or DomainConfig against the schema."""
+    """Validates a mapping of domain keys or a DomainConfig against the schema (typed by the
+    config layer's :func:`~tss_opt.config.domain.typed_domain_config`).
+
+    Raises:
+        DomainError: The keys do not fit the schema (the message lists the expected keys).
+    """
     try:
-        source = OmegaConf.structured(cfg) if isinstance(cfg, DomainConfig) else cfg
-        merged = OmegaConf.merge(OmegaConf.structured(DomainConfig), source)
-        config = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
+        return typed_domain_config(cfg)
+    except DomainConfigError as e:
         keys = ", ".join(DomainConfig.__dataclass_fields__)
         raise DomainError(f"Invalid domain config: {e}\nExpected keys: {keys}.") from e
-    assert isinstance(config, DomainConfig)  # to_object of a DomainConfig schema
-    return config
 
 
 def reference_regex(config: DomainConfig) -> re.Pattern[str] | None:

@@ -29,9 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from omegaconf import OmegaConf
-
-from tss_opt.config.domain import DomainConfig
+from tss_opt.config.domain import DomainConfig, load_domain_yaml
 from tss_opt.evaluation.domain_data import (
     BUILTIN_PREFIX,
     HF_PREFIX,
@@ -162,9 +160,8 @@ def load_domain(cfg: DomainConfig | Mapping[str, Any]) -> Domain:
     """Validates a domain config, reads its data and builds the example pool.
 
     Args:
-        cfg: A :class:`DomainConfig`, a plain mapping with its keys, or an OmegaConf
-            ``DictConfig`` (e.g. Hydra's ``cfg.domain``). Missing optional keys take the
-            protocol defaults.
+        cfg: A :class:`DomainConfig` or a mapping with its keys (Hydra's ``cfg.domain``, typed
+            by the config layer). Missing optional keys take the protocol defaults.
 
     Returns:
         The domain, its pool truncated to ``pool_size`` records in data order.
@@ -251,7 +248,7 @@ def read_domain_config(name: str, config_dirs: Sequence[Path | str]) -> DomainCo
         path = Path(config_dir).expanduser() / "domain" / f"{name}.yaml"
         if path.is_file():
             try:
-                loaded = OmegaConf.load(path)
+                loaded = load_domain_yaml(path)
             except Exception as e:  # YAML syntax errors come from several libraries
                 raise DomainError(f"{path}: invalid YAML ({e}).") from e
             if not isinstance(loaded, Mapping):

@@ -42,7 +42,7 @@ from tss_opt.decoding.drafter import Drafter, NoDrafter, VerifyFeedback
 from tss_opt.decoding.engine import SCOPES
 from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
-from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.target import TargetModel, additive_mask
 from tss_opt.errors import TSSError
 from tss_opt.evaluation.domains import Example
 from tss_opt.evaluation.evaluator import EvalResult, PromptSetEvaluator
@@ -128,14 +128,6 @@ class _Prefill:
     hidden: torch.Tensor | None  # [B, Pmax, H]
 
 
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool ``(B, q, kv)`` -> additive ``(B, 1, q, kv)`` (0 / dtype minimum); a bool mask is
-    silently wrong under "eager" attention (FACTS.md)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
-
-
 @torch.inference_mode()
 def _prefill(target: TargetModel, prompts: Sequence[torch.Tensor], keep_hidden: bool) -> _Prefill:
     """Left-padded batched prefill (under whatever skip context the caller set)."""
@@ -154,7 +146,7 @@ def _prefill(target: TargetModel, prompts: Sequence[torch.Tensor], keep_hidden: 
     allowed |= torch.eye(P, dtype=torch.bool)[None]  # a pad query sees itself: no empty row
     cache = target.new_cache()
     out = target.decoder(
-        input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=_additive(allowed.to(dev), target.dtype),
+        input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=additive_mask(allowed.to(dev), target.dtype)[:, None],
         cache=cache, use_cache=True,
     )
     hidden = out.last_hidden_state  # [B, P, H]
@@ -272,7 +264,7 @@ def grouped_greedy(
             allowed[:, 0, :P] = real
             pos = (lens + n - 1).unsqueeze(1).to(dev)  # [R, 1]: the fed token's position
             o = target.decoder(
-                input_ids=tok.unsqueeze(1), position_ids=pos, attention_mask=_additive(allowed, target.dtype),
+                input_ids=tok.unsqueeze(1), position_ids=pos, attention_mask=additive_mask(allowed, target.dtype)[:, None],
                 cache=cache, use_cache=True,
             )
             h = o.last_hidden_state[:, -1]  # [R, H]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.config.model import ModelConfig
+from tss_opt.config.model import ModelConfig, to_model_config
 from tss_opt.errors import TSSError
 from tss_opt.progress import held_library_bars, quiet_library_bars
 
@@ -44,14 +44,21 @@ class LoadedModel:
     def num_layers(self) -> int:
         return int(self.model.config.num_hidden_layers)
 
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The stop tokens: the generation config's ``eos_token_id`` (one id or several), else
+        the tokenizer's; empty when neither has one. The one rule for every caller (the
+        runtime, the evaluators, training)."""
+        ids = self.model.generation_config.eos_token_id
+        if ids is None:
+            ids = self.tokenizer.eos_token_id
+        return [] if ids is None else ([int(ids)] if isinstance(ids, int) else [int(i) for i in ids])
 
-def as_model_config(cfg: ModelConfig | DictConfig | dict) -> ModelConfig:
-    """Normalise a Hydra node, dict or dataclass into a validated :class:`ModelConfig`."""
-    if isinstance(cfg, ModelConfig):
-        out = cfg
-    else:
-        base = OmegaConf.structured(ModelConfig)
-        out = OmegaConf.to_object(OmegaConf.merge(base, cfg))  # type: ignore[assignment]
+
+def as_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
+    """A validated :class:`ModelConfig` (a mapping of its keys is typed by the config layer's
+    :func:`~tss_opt.config.model.to_model_config`)."""
+    out = to_model_config(cfg)
     if out.source not in SOURCES:
         raise ModelLoadError(f"model.source={out.source!r} is not supported; expected one of {', '.join(SOURCES)}")
     if out.dtype not in DTYPES:
@@ -77,7 +84,7 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_model(cfg: ModelConfig | DictConfig | dict) -> LoadedModel:
+def load_model(cfg: ModelConfig | Mapping[str, Any]) -> LoadedModel:
     """Load the model described by ``cfg`` (see ``conf/model/*.yaml``)."""
     mc = as_model_config(cfg)
     dtype = resolve_dtype(mc.dtype)

@@ -41,12 +41,14 @@ from typing import Any
 
 import numpy as np
 
+from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.search.feasibility import paired_bound
 
 __all__ = ["DEFAULT_LEVEL", "DEFAULT_RESAMPLES", "Interval", "bootstrap_ratio", "check_level", "paired_difference"]
 
-DEFAULT_LEVEL = 0.9
-DEFAULT_RESAMPLES = 2000
+# The configuration's defaults (one value each), under the names the report uses.
+DEFAULT_LEVEL = REPORT_LEVEL
+DEFAULT_RESAMPLES = REPORT_RESAMPLES
 
 NAN = float("nan")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.errors import TSSError
 
@@ -111,8 +112,8 @@ class HeldoutReport:
     domains: list[DomainComparison] = field(default_factory=list)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     wall_s: float = 0.0
-    level: float = 0.9
-    resamples: int = 2000
+    level: float = REPORT_LEVEL
+    resamples: int = REPORT_RESAMPLES
     seed: int = 0
     eps_metric: float = 0.05
     relative: bool = True

@@ -45,22 +45,15 @@ from tss_opt.mapping.rule import entry_verifier
 from tss_opt.runtime.chat import chat_ids, has_system, is_chat
 from tss_opt.runtime.router import DomainRouter, RouteDecision
 
-# Kept importable from here (older code imports them from the controller).
-from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path, router_domains
-
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from tss_opt.assembly import Assembly
+    from tss_opt.config.domain import DomainConfig
 
 __all__ = [
     "Admission",
     "ControllerResult",
     "TSSController",
+    "check_mapping_model",
     "domain_system_prompts",
-    "load_or_fit_router",
-    "router_cache_path",
-    "router_domains",
 ]
 
 log = logging.getLogger(__name__)
@@ -188,7 +181,7 @@ class TSSController:
         protocol = DecodeProtocol.build(protocol, **{k: v for k, v in given.items() if v is not None})
         if not isinstance(mapping, DomainMapping):
             mapping = load_mapping(mapping)
-        _check_mapping_model(mapping, model_id, target.num_layers)
+        check_mapping_model(mapping, model_id, target.num_layers)
         self.target = target
         self.tokenizer = tokenizer
         self.mapping = mapping
@@ -433,72 +426,15 @@ class TSSController:
                         batch.drop(done.row)
         return self.result(admission)
 
-    # ----------------------------------------------------------------------------- config
-    @classmethod
-    def from_config(
-        cls, cfg: DictConfig, *, runtime: Assembly | None = None, with_router: bool | None = None
-    ) -> TSSController:
-        """Build the controller the configuration describes (model, drafter, ``mapping_path``).
-
-        Args:
-            cfg: The composed configuration (``conf/config.yaml``).
-            runtime: An already loaded runtime (default: load ``cfg.model``).
-            with_router: Build the domain router; ``None``: only when ``cfg.request_domain``
-                is unset (a labelled request does not need one). The router is fitted on the
-                calibration prompts of the shipped domains once and cached next to the mapping
-                file (``router.<model>.json``).
-
-        Raises:
-            MappingError: Missing, corrupt or other-model mapping.
-        """
-        from tss_opt.assembly import assemble, check_distribution_drafter, serving_protocol
-
-        mapping = load_mapping(cfg.mapping_path)  # fail before loading a model for nothing
-        rt = runtime or assemble(cfg)
-        _check_mapping_model(mapping, rt.loaded.model_id, rt.target.num_layers)
-        drafter = rt.drafter_cfg.get("name")
-        searched = sorted({e.drafter for e in mapping.entries.values() if e.drafter})
-        if drafter and searched and searched != [drafter]:
-            log.warning(
-                "serving with drafter %r but the mapping's skip sets were searched with %s; they "
-                "may not be the best ones for this drafter (drafter=%s selects it)",
-                drafter, ", ".join(searched), searched[0],
-            )
-        if with_router is None:
-            with_router = not cfg.get("request_domain")
-        system_prompts = domain_system_prompts(mapping.domains, cfg.get("domain"))
-        router = None
-        # With no mapped domain every request runs dense: no need to fit a router.
-        if with_router and mapping.entries:
-            router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id), mapping.domains)
-        entry_rules = bool(cfg.get("serve_lossy_entries", True))
-        for d, e in sorted(mapping.entries.items()):
-            if entry_rules and e.lossy:
-                check_distribution_drafter(
-                    f"{e.verification} (mapping entry {d!r}; serve_lossy_entries=false serves it exact)", rt.drafter_cfg
-                )
-        return cls(
-            rt.target,
-            rt.loaded.tokenizer,
-            mapping,
-            rt.new_drafter,
-            router=router,
-            model_id=rt.loaded.model_id,
-            # No global scope: each entry carries the one its search measured (docs/mapping.md).
-            system_prompts=system_prompts,
-            entry_rules=entry_rules,
-            protocol=serving_protocol(cfg, rt),
-        )
-
 
 def domain_system_prompts(
-    domains: Iterable[str], chosen: Any = None, config_dirs: Sequence[str | os.PathLike[str]] | None = None
+    domains: Iterable[str], chosen: DomainConfig | None = None, config_dirs: Sequence[str | os.PathLike[str]] | None = None
 ) -> dict[str, str | None]:
     """Each domain's ``system_prompt``, read from its config as the search read it.
 
     Args:
         domains: The mapped domain names.
-        chosen: A composed ``+domain=NAME`` config; it wins for its own name.
+        chosen: The command's ``+domain=NAME`` config; it wins for its own name.
         config_dirs: Where ``domain/<name>.yaml`` is looked up; ``None``: the shipped
             ``conf/`` and the running command's ``--config-dir`` folders.
 
@@ -508,11 +444,10 @@ def domain_system_prompts(
     from tss_opt.evaluation.domains import DomainError, read_domain_config
 
     dirs = list(config_dirs) if config_dirs is not None else domain_config_dirs()
-    chosen_name = chosen.get("name") if chosen is not None else None
     out: dict[str, str | None] = {}
     for name in domains:
-        if name == chosen_name:
-            out[name] = chosen.get("system_prompt")
+        if chosen is not None and name == chosen.name:
+            out[name] = chosen.system_prompt
             continue
         try:
             out[name] = read_domain_config(name, dirs).system_prompt
@@ -524,7 +459,13 @@ def domain_system_prompts(
     return out
 
 
-def _check_mapping_model(mapping: DomainMapping, model_id: str | None, num_layers: int) -> None:
+def check_mapping_model(mapping: DomainMapping, model_id: str | None, num_layers: int) -> None:
+    """Refuse a mapping searched on another model: its id when ``model_id`` is known, else its
+    layer count (the skip sets would skip the wrong layers).
+
+    Raises:
+        MappingError: The mapping is for another model.
+    """
     if model_id is not None:
         mapping.check_model(model_id, num_layers)
     elif mapping.num_layers is not None and mapping.num_layers != num_layers:

@@ -275,7 +275,7 @@ def _domain_sequences(
         for ex in examples:
             ids = format_prompt(tokenizer, ex, system)
             # The prompt plus its continuation must fit the model's positions.
-            if int(ids.numel()) + settings.continuation_tokens + 1 > target.max_context:
+            if not target.fits(int(ids.numel()), settings.continuation_tokens):
                 counts["too_long"] += 1
                 continue
             prompts.append(ids)

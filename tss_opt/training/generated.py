@@ -194,7 +194,7 @@ def generated_part(
         return None
     prompts = [
         p for p in generation_prompts(texts, tokenizer, settings.chat_prompts)
-        if int(p.ids.numel()) + settings.sample_tokens + 1 <= target.max_context
+        if target.fits(int(p.ids.numel()), settings.sample_tokens)
     ]
     path = None
     if cache_dir is not None:

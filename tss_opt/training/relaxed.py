@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.schema import RELAXED_WEIGHTS, RelaxedSettings
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import FEATURES, LinearFeaturePolicy, LogisticPolicy
 from tss_opt.decoding.verify.blend_weight import LearnedWeight
@@ -42,7 +43,7 @@ from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WEIGHTS: tuple[float, ...] = (1.0, 0.8, 0.6, 0.4, 0.2)
+DEFAULT_WEIGHTS: tuple[float, ...] = RELAXED_WEIGHTS  # the config's grid (relaxed.weights)
 
 
 @dataclass
@@ -272,9 +273,9 @@ def train_cospec_policy(
     evaluator: SpecDecodeEvaluator,
     skip: frozenset[int] | Sequence[int] = frozenset(),
     *,
-    epochs: int = 4,
-    lr: float = 2.0,
-    step_cost: float = 0.1,
+    epochs: int = RelaxedSettings.epochs,
+    lr: float = RelaxedSettings.lr,
+    step_cost: float = RelaxedSettings.step_cost,
     seed: int = 0,
     policy: LogisticPolicy | None = None,
 ) -> PolicyTraining:
@@ -326,11 +327,11 @@ def train_diversed_weight(
     evaluator: SpecDecodeEvaluator,
     skip: frozenset[int] | Sequence[int] = frozenset(),
     *,
-    epochs: int = 4,
-    lr: float = 2.0,
-    step_cost: float = 0.1,
-    sigma: float = 1.0,
-    init_weight: float = 0.8,
+    epochs: int = RelaxedSettings.epochs,
+    lr: float = RelaxedSettings.lr,
+    step_cost: float = RelaxedSettings.step_cost,
+    sigma: float = RelaxedSettings.sigma,
+    init_weight: float = RelaxedSettings.init_weight,
     seed: int = 0,
     policy: LearnedWeight | None = None,
 ) -> WeightTraining:

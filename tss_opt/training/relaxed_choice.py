@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.schema import RelaxedSettings
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import LogisticPolicy, ThresholdPolicy
 from tss_opt.decoding.verify.relaxed import (
@@ -180,13 +181,13 @@ def tune_relaxed(
     skip: frozenset[int] | Sequence[int] = frozenset(),
     *,
     weights: Sequence[float] = DEFAULT_WEIGHTS,
-    tau_draft: float = 0.6,
-    tau_target: float = 0.15,
-    epochs: int = 4,
-    lr: float = 2.0,
-    step_cost: float = 0.1,
-    sigma: float = 1.0,
-    init_weight: float = 0.8,
+    tau_draft: float = RelaxedSettings.tau_draft,
+    tau_target: float = RelaxedSettings.tau_target,
+    epochs: int = RelaxedSettings.epochs,
+    lr: float = RelaxedSettings.lr,
+    step_cost: float = RelaxedSettings.step_cost,
+    sigma: float = RelaxedSettings.sigma,
+    init_weight: float = RelaxedSettings.init_weight,
     seed: int = 0,
     eps: float = 0.05,
     confidence: float = 0.8,

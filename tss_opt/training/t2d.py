@@ -36,7 +36,6 @@ from tss_opt.models import LoadedModel
 from tss_opt.training.t2d_search import (
     CandidateRecord,
     decode_latency,
-    eos_ids,
     prepare_texts,
     score,
     search_keep_set,
@@ -159,7 +158,7 @@ def _probe(
     from tss_opt.decoding.engine import SpeculativeEngine
 
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
-    eos = eos_ids(loaded)
+    eos = loaded.eos_token_ids
     rows = []
     for i, ids in enumerate(prompts):
         p = torch.tensor(list(ids), dtype=torch.long)

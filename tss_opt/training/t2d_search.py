@@ -30,7 +30,6 @@ __all__ = [
     "CandidateRecord",
     "TeacherText",
     "decode_latency",
-    "eos_ids",
     "kl_loss",
     "prepare_texts",
     "score",
@@ -103,13 +102,6 @@ def _token_lists(loaded: LoadedModel, texts: Sequence[Any], what: str) -> list[l
     return out
 
 
-def eos_ids(loaded: LoadedModel) -> list[int]:
-    ids = loaded.model.generation_config.eos_token_id
-    if ids is None:
-        ids = loaded.tokenizer.eos_token_id
-    return [] if ids is None else ([int(ids)] if isinstance(ids, int) else [int(i) for i in ids])
-
-
 @torch.no_grad()
 def _teacher(loaded: LoadedModel, ids: torch.Tensor, settings: T2DSettings) -> TeacherText:
     """The target's top-k log-probabilities at every position of ``ids`` (shape ``(T,)``)."""
@@ -133,7 +125,7 @@ def prepare_texts(
 
     lists = _token_lists(loaded, texts, what)
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
-    engine = SpeculativeEngine(target, None, eos_token_ids=eos_ids(loaded))
+    engine = SpeculativeEngine(target, None, eos_token_ids=loaded.eos_token_ids)
     out = []
     for ids in lists:
         prompt = torch.tensor(ids[-settings.max_tokens_per_text :], dtype=torch.long)

@@ -23,6 +23,8 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from tss_opt.decoding.target import additive_mask as target_additive_mask
+
 
 def _causal_lm(target_model: Any) -> Any:
     """Accept a :class:`TargetModel` or a transformers causal LM."""
@@ -171,11 +173,9 @@ def frequent_tokens(tokens: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``(q, kv)`` bool -> ``(1, 1, q, kv)`` additive float mask (0 / dtype minimum); a bool
-    or 0/1 mask is silently wrong under "eager" attention (FACTS.md)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    """``(q, kv)`` bool -> ``(1, 1, q, kv)`` additive float mask: the target's rule
+    (:func:`tss_opt.decoding.target.additive_mask`) with the head's batch and head dims."""
+    return target_additive_mask(allowed, dtype)[None, None]
 
 
 def _head_config_for(target_config: Any) -> LlamaConfig:

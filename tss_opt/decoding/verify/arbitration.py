@@ -22,6 +22,7 @@ from typing import ClassVar, TypeVar
 
 import torch
 
+from tss_opt.config.schema import RelaxedSettings
 from tss_opt.errors import TSSError
 
 FEATURES: tuple[str, ...] = (
@@ -98,7 +99,9 @@ class ThresholdPolicy(ArbitrationPolicy):
 
     name = "threshold"
 
-    def __init__(self, tau_draft: float = 0.6, tau_target: float = 0.15) -> None:
+    def __init__(
+        self, tau_draft: float = RelaxedSettings.tau_draft, tau_target: float = RelaxedSettings.tau_target
+    ) -> None:
         for label, v in (("tau_draft", tau_draft), ("tau_target", tau_target)):
             if not 0.0 <= v <= 1.0:
                 raise TSSError(f"CoSpec {label}={v} is outside [0, 1]; give a probability threshold in [0, 1]")

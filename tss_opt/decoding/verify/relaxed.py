@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.schema import RelaxedSettings
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.decoding.verify.accept import PositionalSampler
@@ -296,9 +297,10 @@ def verifier_from_settings(mode: Verification | str, settings: Mapping[str, Any]
 
     Args:
         mode: ``exact``, ``diversed`` or ``cospec``.
-        settings: ``weight`` (DIVERSED's fixed ``w``, default 0.5), ``weight_policy`` (a learned
-            DIVERSED weight's JSON; replaces ``weight``), ``policy`` (a learned CoSpec policy's
-            JSON), ``tau_draft`` / ``tau_target`` (CoSpec's threshold baseline, 0.6 / 0.15).
+        settings: ``weight`` (DIVERSED's fixed ``w``), ``weight_policy`` (a learned DIVERSED
+            weight's JSON; replaces ``weight``), ``policy`` (a learned CoSpec policy's JSON),
+            ``tau_draft`` / ``tau_target`` (CoSpec's threshold baseline); a missing key takes
+            :class:`~tss_opt.config.schema.RelaxedSettings`' default.
 
     Raises:
         RelaxedVerificationError: a weight outside [0, 1]; TSSError: a missing or foreign
@@ -314,10 +316,12 @@ def verifier_from_settings(mode: Verification | str, settings: Mapping[str, Any]
     if mode is Verification.diversed:
         if s.get("weight_policy"):
             return Verifier(mode, weight_policy=LearnedWeight.load(str(s["weight_policy"])))
-        return Verifier(mode, weight=check_weight(s.get("weight", 0.5)))
+        return Verifier(mode, weight=check_weight(s.get("weight", RelaxedSettings.weight)))
     if s.get("policy"):
         return Verifier(mode, policy=LogisticPolicy.load(str(s["policy"])))
-    return Verifier(mode, policy=ThresholdPolicy(float(s.get("tau_draft", 0.6)), float(s.get("tau_target", 0.15))))
+    return Verifier(mode, policy=ThresholdPolicy(
+        float(s.get("tau_draft", RelaxedSettings.tau_draft)), float(s.get("tau_target", RelaxedSettings.tau_target))
+    ))
 
 
 def settings_label(mode: Verification | str, settings: Mapping[str, Any] | None = None) -> str:
@@ -329,9 +333,10 @@ def settings_label(mode: Verification | str, settings: Mapping[str, Any] | None 
     if mode == "diversed":
         if s.get("weight_policy"):
             return f"diversed(weight_policy={s['weight_policy']})"
-        return f"diversed(w={float(s.get('weight', 0.5)):.4g})"
+        return f"diversed(w={float(s.get('weight', RelaxedSettings.weight)):.4g})"
     if mode == "cospec":
         if s.get("policy"):
             return f"cospec(policy={s['policy']})"
-        return f"cospec(tau={float(s.get('tau_draft', 0.6)):.4g},{float(s.get('tau_target', 0.15)):.4g})"
+        tau_draft = float(s.get("tau_draft", RelaxedSettings.tau_draft))
+        return f"cospec(tau={tau_draft:.4g},{float(s.get('tau_target', RelaxedSettings.tau_target)):.4g})"
     return mode

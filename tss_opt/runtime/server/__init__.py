@@ -18,7 +18,6 @@ from tss_opt.runtime.server.app import ServingState, create_app
 from tss_opt.runtime.server.errors import APIError
 from tss_opt.runtime.server.run import (
     DrainingServer,
-    build_state,
     make_server,
     run_server,
     uvicorn_config,
@@ -31,7 +30,6 @@ __all__ = [
     "DrainingServer",
     "ServerSettings",
     "ServingState",
-    "build_state",
     "create_app",
     "is_loopback",
     "make_server",

@@ -30,7 +30,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tss_opt.decoding.batch_budget import DepthPolicy
-from tss_opt.runtime.controller import TSSController, chat_ids
+from tss_opt.runtime.chat import chat_ids
+from tss_opt.runtime.controller import TSSController
 from tss_opt.runtime.server.errors import APIError
 from tss_opt.runtime.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from tss_opt.runtime.server.reload import MappingReloader
@@ -183,9 +184,9 @@ class ServingState:
             )
         prompt, n = self.prompt_of(req)
         limit = c.target.max_context
-        if n + max_tokens + 1 > limit:
+        if not c.target.fits(n, max_tokens):
             raise APIError(
-                400, f"{req.prompt_param} has {n} tokens; with max_tokens={max_tokens} that needs {n + max_tokens + 1} "
+                400, f"{req.prompt_param} has {n} tokens; with max_tokens={max_tokens} that needs {c.target.positions_needed(n, max_tokens)} "
                 f"positions but the model's context is {limit}. Shorten the prompt or lower max_tokens.",
                 param=req.prompt_param, code="context_length_exceeded",
             )

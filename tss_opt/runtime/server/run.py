@@ -1,5 +1,6 @@
-"""Starting the server: settings checked first, the model, mapping and router loaded once,
-then uvicorn until SIGTERM or Ctrl-C.
+"""Starting the server: settings checked first, the model, mapping and router loaded once
+(:func:`tss_opt.assembly.serving.build_state`, from the configuration), then uvicorn until
+SIGTERM or Ctrl-C.
 
 uvicorn runs with the connection guard of ``connections.py`` as its HTTP protocol (deadlines
 for headers, bodies and idle connections; room for new connections) instead of its
@@ -27,65 +28,12 @@ from tss_opt.runtime.server.settings import ServerSettings
 if TYPE_CHECKING:
     from tss_opt.decoding.batch_budget import DepthPolicy
 
-__all__ = [
-    "DrainingServer", "build_state", "check_bind", "draft_depth_policy", "make_server", "run_server", "uvicorn_config",
-    "with_serving_drafter",
-]
+__all__ = ["DrainingServer", "check_bind", "draft_depth_policy", "make_server", "run_server", "uvicorn_config"]
 
 # uvicorn's own wait for open connections once the drain answered every request.
 UVICORN_GRACE_S = 5
 
 log = logging.getLogger(__name__)
-
-
-def build_state(cfg: Any) -> ServingState:
-    """Check the settings (before loading anything: a refused start costs nothing), then load
-    the model, drafter, mapping and router (fitted or loaded now, not on the first request).
-
-    Raises:
-        UsageError: Bad settings (a non-loopback host without a key, a port in use...).
-        MappingError: Missing, corrupt or other-model mapping.
-    """
-    from tss_opt.assembly import assemble
-    from tss_opt.mapping import load_mapping
-    from tss_opt.runtime.controller import TSSController
-    from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path
-
-    settings = ServerSettings.from_config(cfg)
-    check_bind(settings.host, settings.port)
-    load_mapping(cfg.mapping_path)  # a missing or corrupt file fails before the model loads
-    cfg = with_serving_drafter(cfg)
-    rt = assemble(cfg)
-    controller = TSSController.from_config(cfg, runtime=rt, with_router=True)
-    if controller.router is None:
-        # An empty mapping needs no router yet, but a search may fill it while the server
-        # runs (it is reloaded): fit the router now rather than on a request or a restart.
-        controller.router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id))
-    name = settings.served_model_name or str(cfg.model.name)
-    depth = draft_depth_policy(settings, rt.target, rt.loaded.model_id)
-    return ServingState(controller, settings, name, str(cfg.mapping_path), depth)
-
-
-def with_serving_drafter(cfg: Any) -> Any:
-    """The server's default drafter, when the command names none: the model's default drafter
-    with its size chosen for this machine (``num_tokens: auto``: prompt lookup sized per
-    context length from measured latency tables, the fastest lossless setting measured here,
-    docs/serving.md). The search keeps the fixed size its protocol needs; ``drafter=...``
-    on the command line is used as given."""
-    from omegaconf import OmegaConf, open_dict
-
-    from tss_opt.assembly.settings import drafter_config
-
-    if cfg.get("drafter") is not None:
-        return cfg
-    drafter = drafter_config(cfg)
-    if "max_tokens" in drafter:  # a chain drafter that can be sized to the hardware (num_tokens: auto)
-        drafter["num_tokens"] = "auto"
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.drafter = OmegaConf.create(drafter)
-    log.info("serving with drafter %s (num_tokens=%s; drafter=... chooses another)", drafter.get("name"), drafter.get("num_tokens"))
-    return cfg
 
 
 def draft_depth_policy(settings: ServerSettings, target: Any, model_name: str | None = None) -> DepthPolicy | None:

@@ -12,8 +12,7 @@ import ipaddress
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
 
 from tss_opt.config.serve import ServeSettings
 from tss_opt.errors import UsageError
@@ -69,39 +68,22 @@ class ServerSettings:
     __str__ = __repr__
 
     @classmethod
-    def from_config(cls, cfg: Any, environ: Mapping[str, str] | None = None) -> ServerSettings:
-        """Read the top-level serve keys of a composed config and ``TSS_API_KEY``.
+    def from_serve(cls, serve: ServeSettings, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        """The server's settings from the configuration's serve keys (read at the command
+        layer: :func:`tss_opt.config.serve.serve_settings`) and ``TSS_API_KEY``, checked.
 
         Raises:
             UsageError: A value out of range, two different keys, or a non-loopback ``host``
                 without a key and without ``allow_open=true``.
         """
         env = os.environ if environ is None else environ
-        setting = cfg.get("api_key")
-        setting = str(setting) if setting not in (None, "") else None
+        setting = serve.api_key or None
         from_env = env.get(API_KEY_ENV) or None
         if setting and from_env and setting != from_env:
             raise UsageError(
                 f"api_key and {API_KEY_ENV} are both set and differ; keep one (prefer {API_KEY_ENV}: a key in argv shows in ps)"
             )
-        s = cls(
-            host=str(cfg.get("host", "127.0.0.1")),
-            port=int(cfg.get("port", 8000)),
-            api_key=setting or from_env,
-            allow_open=bool(cfg.get("allow_open", False)),
-            metrics_auth=bool(cfg.get("metrics_auth", True)),
-            max_queue=int(cfg.get("max_queue", ServeSettings.max_queue)),
-            max_batch=int(cfg.get("max_batch", ServeSettings.max_batch)),
-            batch_draft=str(cfg.get("batch_draft", ServeSettings.batch_draft)),
-            max_tokens_cap=int(cfg.get("max_tokens_cap", 1024)),
-            max_body_bytes=int(cfg.get("max_body_bytes", 1_000_000)),
-            timeout_keep_alive=int(cfg.get("timeout_keep_alive", ServeSettings.timeout_keep_alive)),
-            timeout_header=float(cfg.get("timeout_header", ServeSettings.timeout_header)),
-            timeout_body=float(cfg.get("timeout_body", ServeSettings.timeout_body)),
-            max_connections=int(cfg.get("max_connections", ServeSettings.max_connections)),
-            shutdown_grace=float(cfg.get("shutdown_grace", ServeSettings.shutdown_grace)),
-            served_model_name=cfg.get("served_model_name"),
-        )
+        s = cls(**{**{f.name: getattr(serve, f.name) for f in fields(ServeSettings)}, "api_key": setting or from_env})
         s.check()
         return s
 

@@ -1,0 +1,136 @@
+"""Serving from the composed configuration: the controller, the server's drafter and the
+server's start-up state, built here so that the runtime below takes typed values only
+(:class:`~tss_opt.runtime.controller.TSSController`'s arguments, a
+:class:`~tss_opt.runtime.server.settings.ServerSettings`), never the raw ``DictConfig``.
+
+Not re-exported by :mod:`tss_opt.assembly`: importing it loads the server (FastAPI, uvicorn).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from tss_opt.assembly.runtime import Assembly, assemble, serving_protocol
+from tss_opt.assembly.settings import check_distribution_drafter, drafter_config
+from tss_opt.config.serve import serve_settings
+from tss_opt.mapping import load_mapping
+from tss_opt.runtime.controller import TSSController, check_mapping_model, domain_system_prompts
+from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path
+
+if TYPE_CHECKING:
+    from tss_opt.config.domain import DomainConfig
+    from tss_opt.runtime.server.app import ServingState
+
+__all__ = ["build_controller", "build_state", "chosen_domain", "with_serving_drafter"]
+
+log = logging.getLogger(__name__)
+
+
+def chosen_domain(cfg: DictConfig) -> DomainConfig | None:
+    """The composed ``+domain=NAME`` config as a typed value (``None`` when none is chosen)."""
+    from tss_opt.evaluation.domains import to_domain_config
+
+    node = cfg.get("domain")
+    return None if node is None else to_domain_config(node)
+
+
+def build_controller(
+    cfg: DictConfig, *, runtime: Assembly | None = None, with_router: bool | None = None
+) -> TSSController:
+    """Build the controller the configuration describes (model, drafter, ``mapping_path``).
+
+    Args:
+        cfg: The composed configuration (``conf/config.yaml``).
+        runtime: An already loaded runtime (default: load ``cfg.model``).
+        with_router: Build the domain router; ``None``: only when ``cfg.request_domain``
+            is unset (a labelled request does not need one). The router is fitted on the
+            calibration prompts of the shipped domains once and cached next to the mapping
+            file (``router.<model>.json``).
+
+    Raises:
+        MappingError: Missing, corrupt or other-model mapping.
+    """
+    mapping = load_mapping(cfg.mapping_path)  # fail before loading a model for nothing
+    rt = runtime or assemble(cfg)
+    check_mapping_model(mapping, rt.loaded.model_id, rt.target.num_layers)
+    drafter = rt.drafter_cfg.get("name")
+    searched = sorted({e.drafter for e in mapping.entries.values() if e.drafter})
+    if drafter and searched and searched != [drafter]:
+        log.warning(
+            "serving with drafter %r but the mapping's skip sets were searched with %s; they "
+            "may not be the best ones for this drafter (drafter=%s selects it)",
+            drafter, ", ".join(searched), searched[0],
+        )
+    if with_router is None:
+        with_router = not cfg.get("request_domain")
+    system_prompts = domain_system_prompts(mapping.domains, chosen_domain(cfg))
+    router = None
+    # With no mapped domain every request runs dense: no need to fit a router.
+    if with_router and mapping.entries:
+        router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id), mapping.domains)
+    entry_rules = bool(cfg.get("serve_lossy_entries", True))
+    for d, e in sorted(mapping.entries.items()):
+        if entry_rules and e.lossy:
+            check_distribution_drafter(
+                f"{e.verification} (mapping entry {d!r}; serve_lossy_entries=false serves it exact)", rt.drafter_cfg
+            )
+    return TSSController(
+        rt.target,
+        rt.loaded.tokenizer,
+        mapping,
+        rt.new_drafter,
+        router=router,
+        model_id=rt.loaded.model_id,
+        # No global scope: each entry carries the one its search measured (docs/mapping.md).
+        system_prompts=system_prompts,
+        entry_rules=entry_rules,
+        protocol=serving_protocol(cfg, rt),
+    )
+
+
+def build_state(cfg: DictConfig) -> ServingState:
+    """Check the settings (before loading anything: a refused start costs nothing), then load
+    the model, drafter, mapping and router (fitted or loaded now, not on the first request).
+
+    Raises:
+        UsageError: Bad settings (a non-loopback host without a key, a port in use...).
+        MappingError: Missing, corrupt or other-model mapping.
+    """
+    from tss_opt.runtime.server.app import ServingState
+    from tss_opt.runtime.server.run import check_bind, draft_depth_policy
+    from tss_opt.runtime.server.settings import ServerSettings
+
+    settings = ServerSettings.from_serve(serve_settings(cfg))
+    check_bind(settings.host, settings.port)
+    load_mapping(cfg.mapping_path)  # a missing or corrupt file fails before the model loads
+    cfg = with_serving_drafter(cfg)
+    rt = assemble(cfg)
+    controller = build_controller(cfg, runtime=rt, with_router=True)
+    if controller.router is None:
+        # An empty mapping needs no router yet, but a search may fill it while the server
+        # runs (it is reloaded): fit the router now rather than on a request or a restart.
+        controller.router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id))
+    name = settings.served_model_name or str(cfg.model.name)
+    depth = draft_depth_policy(settings, rt.target, rt.loaded.model_id)
+    return ServingState(controller, settings, name, str(cfg.mapping_path), depth)
+
+
+def with_serving_drafter(cfg: DictConfig) -> DictConfig:
+    """The server's default drafter, when the command names none: the model's default drafter
+    with its size chosen for this machine (``num_tokens: auto``: prompt lookup sized per
+    context length from measured latency tables, the fastest lossless setting measured here,
+    docs/serving.md). The search keeps the fixed size its protocol needs; ``drafter=...``
+    on the command line is used as given."""
+    if cfg.get("drafter") is not None:
+        return cfg
+    drafter = drafter_config(cfg)
+    if "max_tokens" in drafter:  # a chain drafter that can be sized to the hardware (num_tokens: auto)
+        drafter["num_tokens"] = "auto"
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.drafter = OmegaConf.create(drafter)
+    log.info("serving with drafter %s (num_tokens=%s; drafter=... chooses another)", drafter.get("name"), drafter.get("num_tokens"))
+    return cfg
