@@ -8,7 +8,7 @@ import torch
 
 from tss_opt.decoding import engine as engine_module
 from tss_opt.decoding.budget import draft_depth_limit, prune_depth
-from tss_opt.decoding.drafter import Drafter
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
 from tss_opt.decoding.drafters import (
     DraftModelDrafter,
     EagleDrafter,
@@ -30,7 +30,7 @@ class WideTree(Drafter):
     """A full binary tree of depth 5 (62 nodes) built from recent context tokens: deep enough
     that the budget always prunes it near the end."""
 
-    gives_confidence = True
+    capabilities = DrafterCapabilities(confidence=True)
 
     def propose(self, context: torch.Tensor) -> DraftTree:
         parents, tokens = [], []

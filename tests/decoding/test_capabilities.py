@@ -42,16 +42,14 @@ def test_each_shipped_class_declares_its_capabilities():
     assert NoDrafter.capabilities.replayable and not _Empty.capabilities.replayable
 
 
-def test_the_former_flags_are_views_and_old_style_classes_are_folded():
-    class OldStyle(_Empty):
-        gives_distribution = True
-        needs_prefill_feedback = True
-
-    assert OldStyle.capabilities == DrafterCapabilities(distribution=True, prefill_feedback=True)
-    d = OldStyle()
-    assert d.gives_distribution and d.needs_prefill_feedback and not d.gives_confidence
-    d.gives_confidence = True  # an instance may change its own (TAPS, SAMD do)
-    assert d.capabilities.confidence and not OldStyle.capabilities.confidence
+def test_capabilities_have_one_spelling():
+    # The former flags (gives_distribution, gives_confidence, needs_prefill_feedback) are gone
+    # (issue 33): a class declares capabilities, an instance may replace its own (TAPS, SAMD).
+    for flag in ("gives_distribution", "gives_confidence", "needs_prefill_feedback"):
+        assert not hasattr(_Empty(), flag)
+    d = _Empty()
+    d.capabilities = DrafterCapabilities(confidence=True)
+    assert d.capabilities.confidence and not _Empty.capabilities.confidence
 
 
 def test_composed_drafters_take_their_parts_capabilities():

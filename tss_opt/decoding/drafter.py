@@ -3,17 +3,17 @@
 A drafter is as easy to add as transformers' ``CandidateGenerator``: subclass
 :class:`Drafter`, implement :meth:`Drafter.propose` (and, when it learns online,
 :meth:`Drafter.update`), declare what it can do in ``capabilities``
-(:class:`DrafterCapabilities`) and register it in :mod:`tss_opt.decoding.drafters.registry`.
+(:class:`DrafterCapabilities`) and write its builder and ``conf/drafter/<name>.yaml``
+(docs/drafters.md, "Adding a drafter").
 Everyone who needs to know what a drafter can do (relaxed verification, the replay
 evaluator, the engine, TAPS routing) reads ``capabilities``; nothing keeps a list of names.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -73,27 +73,6 @@ class DrafterCapabilities:
     replay_refusal: str = ""
 
 
-# The attribute names drafters used before ``capabilities`` (still read and settable).
-_FLAGS = {
-    "needs_prefill_feedback": "prefill_feedback",
-    "gives_confidence": "confidence",
-    "gives_distribution": "distribution",
-    "replayable": "replayable",
-}
-
-
-def _flag(field_name: str, doc: str) -> property:
-    """A boolean view of one capability; setting it replaces the instance's capabilities."""
-
-    def get(self: Drafter) -> bool:
-        return bool(getattr(self.capabilities, field_name))
-
-    def put(self: Drafter, value: bool) -> None:
-        self.capabilities = dataclasses.replace(self.capabilities, **{field_name: bool(value)})
-
-    return property(get, put, doc=doc)
-
-
 class Drafter(ABC):
     """Proposes candidate tokens for the current context.
 
@@ -103,27 +82,6 @@ class Drafter(ABC):
 
     #: What this drafter can do (:class:`DrafterCapabilities`); subclasses override it.
     capabilities: DrafterCapabilities = DrafterCapabilities()
-
-    #: Views of ``capabilities`` under their former names: a subclass that still declares
-    #: ``gives_confidence = True`` (and the like) as a class attribute has it folded into its
-    #: ``capabilities`` (:meth:`__init_subclass__`).
-    needs_prefill_feedback = _flag("prefill_feedback", "``capabilities.prefill_feedback``")
-    gives_confidence = _flag("confidence", "``capabilities.confidence``")
-    gives_distribution = _flag("distribution", "``capabilities.distribution``")
-    replayable = _flag("replayable", "``capabilities.replayable``")
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        declared = {
-            field: bool(cls.__dict__[name])
-            for name, field in _FLAGS.items()
-            if isinstance(cls.__dict__.get(name), bool)
-        }
-        if declared:
-            for name in _FLAGS:
-                if isinstance(cls.__dict__.get(name), bool):
-                    delattr(cls, name)  # the inherited view reads capabilities instead
-            cls.capabilities = dataclasses.replace(cls.capabilities, **declared)
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new request.

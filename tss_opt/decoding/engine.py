@@ -277,7 +277,7 @@ class SpeculativeEngine:
         req.cache = cache
         sampler = req.sampler
         first = sampler.draw(logits[-1], 0) if sampler is not None else int(logits[-1].argmax())
-        if self.drafter.needs_prefill_feedback:
+        if self.drafter.capabilities.prefill_feedback:
             self.drafter.prefill_feedback(req.prompt, logits, hidden)
         req.stats.prefill_s = time.perf_counter() - req.started_at
         req.seq[req.prefix_len] = first

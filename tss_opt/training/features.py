@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tss_opt.decoding.drafter import Drafter, VerifyFeedback
+from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ class _FeatureRecorder(Drafter):
     :class:`EagleDrafter` does: the prompt's from the prefill, then per step the root's and
     the accepted nodes' rows (every committed token but the newest)."""
 
-    needs_prefill_feedback = True
+    capabilities = DrafterCapabilities(prefill_feedback=True)
 
     def __init__(self, inner: Drafter) -> None:
         self.inner = inner
@@ -227,7 +227,7 @@ class _FeatureRecorder(Drafter):
 
     def prefill_feedback(self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor) -> None:
         self.rows = [hidden]
-        if self.inner.needs_prefill_feedback:
+        if self.inner.capabilities.prefill_feedback:
             self.inner.prefill_feedback(prompt_ids, logits, hidden)
 
     def propose(self, context: torch.Tensor) -> DraftTree:

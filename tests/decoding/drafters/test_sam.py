@@ -9,6 +9,7 @@ import torch
 
 from tss_opt.decoding.drafters import (
     Drafter,
+    DrafterCapabilities,
     SamdDrafter,
     SuffixAutomaton,
     VerifyFeedback,
@@ -73,7 +74,7 @@ def test_large_token_ids() -> None:
 class FixedTree(Drafter):
     """A fallback that always proposes the same tree and records what it was told."""
 
-    needs_prefill_feedback = True
+    capabilities = DrafterCapabilities(prefill_feedback=True)
 
     def __init__(self) -> None:
         self.tree = DraftTree(tokens=torch.tensor([1, 2, 3]), parents=(-1, -1, 0))
@@ -99,7 +100,7 @@ class FixedTree(Drafter):
 def test_samd_chooses_chain_or_fallback_tree() -> None:
     fb = FixedTree()
     d = SamdDrafter(threshold=3, num_tokens=4, fallback=fb)
-    assert d.needs_prefill_feedback
+    assert d.capabilities.prefill_feedback
     prompt = torch.tensor(ids("one two three four. one t"))
     d.reset(prompt)
     assert fb.resets == 1
@@ -142,6 +143,6 @@ def test_samd_default_fallback_is_token_recycling() -> None:
 
     d = SamdDrafter()
     assert isinstance(d.fallback, TokenRecycleDrafter) and len(d.fallback.template) == 15
-    assert d.needs_prefill_feedback and (d.threshold, d.num_tokens) == (4, 10)
+    assert d.capabilities.prefill_feedback and (d.threshold, d.num_tokens) == (4, 10)
     with pytest.raises(ValueError, match="threshold >= 1"):
         SamdDrafter(threshold=0)

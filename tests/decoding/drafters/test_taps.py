@@ -17,6 +17,7 @@ from reference import greedy_dense_prefill, greedy_no_cache
 from tss_opt.decoding.cache import keep_accepted
 from tss_opt.decoding.drafter import Drafter, VerifyFeedback
 from tss_opt.decoding.drafters import (
+    DrafterCapabilities,
     DrafterConfigError,
     EagleDrafter,
     PromptLookupDrafter,
@@ -78,7 +79,7 @@ class Counting(Drafter):
 
     def __init__(self, inner: Drafter) -> None:
         self.inner = inner
-        self.needs_prefill_feedback = inner.needs_prefill_feedback
+        self.capabilities = inner.capabilities
         self.accepted = 0
         self.branching = 0
 
@@ -256,7 +257,7 @@ def test_routed_refuses_member_without_confidences(tiny: LoadedModel) -> None:
         RoutedDrafter([("pld", PromptLookupDrafter()), ("mine", NoConfidence())])
     # A member that claims confidences but proposes a tree without them: named at the step.
     liar = NoConfidence()
-    liar.gives_confidence = True
+    liar.capabilities = DrafterCapabilities(confidence=True)
     routed = RoutedDrafter([("pld", PromptLookupDrafter()), ("liar", liar)])
     with pytest.raises(DrafterConfigError, match=r"member 'liar' proposed a tree without confidences"):
         routed.propose(torch.tensor([1, 2, 3, 4]))
@@ -266,7 +267,7 @@ def test_routed_refuses_member_without_confidences(tiny: LoadedModel) -> None:
 
 def test_routed_picks_highest_mean_confidence() -> None:
     class Fixed(Drafter):
-        gives_confidence = True
+        capabilities = DrafterCapabilities(confidence=True)
 
         def __init__(self, tree: DraftTree) -> None:
             self.tree = tree

@@ -114,7 +114,7 @@ class Recorder(Drafter):
 
     def __init__(self, inner: Drafter) -> None:
         self.inner = inner
-        self.needs_prefill_feedback = inner.needs_prefill_feedback
+        self.capabilities = inner.capabilities
         self.sizes: list[int] = []
         self.branching = 0  # trees with a node (or the root) having >= 2 children
 
