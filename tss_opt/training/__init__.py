@@ -11,7 +11,8 @@ from tss_opt.training.common import (
     check_settings,
     write_atomically,
 )
-from tss_opt.training.data import DomainText, TrainingText, build_training_text, domain_text
+from tss_opt.training.data import TrainingText, build_training_text
+from tss_opt.training.domain_text import DomainText, domain_text
 from tss_opt.training.eagle import (
     EagleTrainResult,
     LossParts,

@@ -5,7 +5,7 @@ A head trained only on a domain's calibration prompts memorises them (token accu
 target's own outputs instead of a fixed corpus ("self-distillation"): here the target *samples*
 continuations (temperature ``train.sample_temperature``, seeded) of
 
-- every training prompt of the chosen domains (:class:`~tss_opt.training.data.DomainText`:
+- every training prompt of the chosen domains (:class:`~tss_opt.training.domain_text.DomainText`:
   calibration prompts and ``train_data`` records; never a validation or held-out prompt), and
 - the shipped generic chat prompts (``tss_opt/data/train/chat_prompts.jsonl``,
   ``train.chat_prompts``),
@@ -33,13 +33,13 @@ import torch
 
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.training.common import left_padded
+from tss_opt.training.domain_text import DomainText
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from tss_opt.config.train import TrainSettings
     from tss_opt.decoding.target import TargetModel
-    from tss_opt.training.data import DomainText
 
 __all__ = [
     "CHAT_PROMPTS",
