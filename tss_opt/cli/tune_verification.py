@@ -49,7 +49,7 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
 
     domain = require_domain(cfg)
     mode = Verification.parse("verification", str(cfg.get("verification") or "exact"))
-    if mode is Verification.exact:
+    if not mode.lossy:
         raise UsageError(
             "tune_verification chooses a lossy rule's setting: add verification=diversed or verification=cospec"
         )

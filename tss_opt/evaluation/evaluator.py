@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from tss_opt.config.enums import Verification
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.prefill import DensePrefill, PrefillStore, dense_prefill
 from tss_opt.decoding.protocol import DecodeProtocol
@@ -113,7 +114,7 @@ class EvalResult:
 
     @property
     def lossy(self) -> bool:
-        return self.verification != "exact"
+        return Verification.lossy_label(self.verification)
 
     @property
     def decoding_timed(self) -> bool:

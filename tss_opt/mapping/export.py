@@ -8,6 +8,7 @@ from typing import Any
 
 import optuna
 
+from tss_opt.config.enums import Verification
 from tss_opt.mapping.format import DEFAULT_SCOPE, MappingEntry, MappingError, OperatingPoint
 from tss_opt.mapping.io import DEFAULT_MAPPING_PATH, write_entry
 from tss_opt.search.algorithm import canonical
@@ -123,7 +124,7 @@ def entry_from_result(
         calibration=calibration,
         validation=val,
         verification=verification,
-        relaxed=dict(relaxed) if relaxed is not None and verification != "exact" else None,
+        relaxed=dict(relaxed) if relaxed is not None and Verification.lossy_label(verification) else None,
         scope=scope,
     )
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tss_opt.config.enums import Verification
 from tss_opt.errors import TSSError
 
 __all__ = [
@@ -123,7 +124,7 @@ class MappingEntry:
     @property
     def lossy(self) -> bool:
         """True when the entry was searched under a relaxed (lossy) verification rule."""
-        return self.verification != "exact"
+        return Verification.lossy_label(self.verification)
 
     @property
     def metric_change(self) -> float:
@@ -252,7 +253,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-RELAXED_MODES = ("diversed", "cospec")
+RELAXED_MODES = tuple(str(rule) for rule in Verification if rule.lossy)
 
 
 def _relaxed(path: Path | None, where: str, value: Any, verification: str) -> dict[str, Any] | None:
@@ -262,7 +263,7 @@ def _relaxed(path: Path | None, where: str, value: Any, verification: str) -> di
         raise _err(path, where, f"expected a mapping, got {value!r}")
     if value.get("mode") not in RELAXED_MODES:
         raise _err(path, f"{where}.mode", f"expected one of {', '.join(RELAXED_MODES)}, got {value.get('mode')!r}")
-    if verification == "exact":
+    if not Verification.lossy_label(verification):
         raise _err(
             path, where,
             "a relaxed block in an entry whose verification is exact; set verification to the rule's label or drop the block",

@@ -106,7 +106,7 @@ class RelaxedChoice:
     @property
     def lossy(self) -> bool:
         """False when the choice fell back to exact verification."""
-        return self.chosen.mode != EXACT
+        return Verification.lossy_label(self.chosen.mode)
 
     def save_learned(self, directory: str | Path, stem: str) -> dict[str, Path]:
         """Write each learned rule's parameters as ``<directory>/<stem>.<kind>.json`` and point
@@ -216,7 +216,7 @@ def tune_relaxed(
         RelaxedVerificationError: ``mode`` is exact or a weight outside [0, 1].
     """
     mode = Verification.parse("verification", mode)
-    if mode is Verification.exact:
+    if not mode.lossy:
         raise RelaxedVerificationError(
             "tuning needs a lossy mode: verification=diversed or verification=cospec (exact has nothing to tune)"
         )
