@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import LogisticPolicy, ThresholdPolicy
 from tss_opt.decoding.verify.relaxed import (
@@ -38,6 +39,7 @@ from tss_opt.training.relaxed import (
     Judged,
     check_against_dense,
     dense_reference,
+    reference_figures,
     train_cospec_policy,
     train_diversed_weight,
 )
@@ -137,8 +139,8 @@ class RelaxedChoice:
                 "prompts": self.num_prompts,
                 "max_new_tokens": self.max_new_tokens,
                 "dense": dict(self.reference),
-                "accept_length": j.accept_length,
-                "metric": j.metric,
+                ACCEPT_LENGTH: j.accept_length,
+                METRIC: j.metric,
                 "metric_change": j.metric_change,
                 "lower": j.lower,
                 "tolerance": j.tolerance,
@@ -268,7 +270,7 @@ def tune_relaxed(
     chosen = _choose(cands)
     log.info("chosen: %s (%s)", chosen.name, chosen.label)
     return RelaxedChoice(
-        mode=str(mode), skip=skip, reference={"accept_length": ref.accept_length, "metric": ref.metric},
+        mode=str(mode), skip=skip, reference=reference_figures(ref),
         candidates=cands, chosen=chosen, history=history, learned=learned, rule=rule,
         num_prompts=evaluator.num_prompts, max_new_tokens=evaluator.max_new_tokens,
     )
