@@ -202,3 +202,20 @@ def test_logistic_policy_round_trip(tmp_path):
     assert torch.equal(LogisticPolicy.load(tmp_path / "p.json").theta, pol.theta)
     with pytest.raises(RelaxedVerificationError.__mro__[1], match="does not exist"):
         LogisticPolicy.load(tmp_path / "missing.json")
+
+
+def test_each_rule_declares_whether_it_is_lossy() -> None:
+    """The rule carries ``lossy`` (issue 33): exact is lossless, every relaxed rule lossy, and a
+    stored label (``Verifier.describe()`` / ``settings_label``) is read through the same flag;
+    an unknown label counts as lossy."""
+    from tss_opt.decoding.verify.relaxed import settings_label
+
+    assert {str(r): r.lossy for r in Verification} == {"exact": False, "diversed": True, "cospec": True}
+    assert Verifier(Verification.exact).lossy is False
+    assert Verifier(Verification.diversed, weight=0.6).lossy is True
+    for rule in Verification:
+        assert Verification.lossy_label(settings_label(rule)) is rule.lossy
+    assert Verification.lossy_label("diversed(w=0.60)") is True
+    assert Verification.lossy_label("cospec(threshold)") is True
+    assert Verification.lossy_label("exact") is False
+    assert Verification.lossy_label("something-new") is True

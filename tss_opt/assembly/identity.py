@@ -15,6 +15,7 @@ from tss_opt.assembly.settings import (
     require_domain,
     search_settings,
 )
+from tss_opt.config.enums import Verification
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.domains import Domain
@@ -37,7 +38,7 @@ def protocol(cfg: DictConfig, domain: Domain | None = None) -> dict[str, Any]:
     # A lossy rule measures other outputs: studies under different rules never mix. Exact
     # verification (the default) adds no key, so earlier study names still match.
     verification = _verification_label(cfg)
-    if verification != "exact":
+    if Verification.lossy_label(verification):
         proto["verification"] = verification
     # Trials of the replay evaluator measure no tokens/s: a study never mixes the two. The
     # default (engine) adds no key, so study names from before this key existed still match.

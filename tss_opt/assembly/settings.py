@@ -127,7 +127,7 @@ def build_verifier(cfg: DictConfig, drafter_cfg: dict[str, Any] | None = None) -
     from tss_opt.decoding.verify.relaxed import Verifier, verifier_from_settings
 
     mode = Verification.parse("verification", str(cfg.get("verification") or "exact"))
-    if mode is Verification.exact:
+    if not mode.lossy:
         return Verifier(mode)
     check_distribution_drafter(mode, drafter_cfg if drafter_cfg is not None else drafter_config(cfg))
     return verifier_from_settings(mode, relaxed_settings(cfg))

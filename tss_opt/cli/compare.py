@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tss_opt.assembly import assemble, configured_evaluator, require_domain
 from tss_opt.cli.common import hydra_entry
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.errors import UsageError
 
 log = logging.getLogger("tss_opt.cli")
@@ -83,7 +84,7 @@ class HeldoutSets:
             max_new_tokens=self.max_new_tokens, warmup=True, show_progress=True,
         )
         for s, r in zip(self.sets, results, strict=True):
-            self.done[s] = {"accept_length": r.accept_length, "metric": r.metric, "tokens_per_s": r.tokens_per_s}
+            self.done[s] = {ACCEPT_LENGTH: r.accept_length, METRIC: r.metric, "tokens_per_s": r.tokens_per_s}
 
     def __call__(self, skip: list[int]) -> dict[str, float | None]:
         return self.done.get(frozenset(skip), {})
@@ -175,7 +176,7 @@ def compare(cfg: DictConfig) -> list[Any]:
             b = result.baseline
             dense = ComparisonRow(
                 label="dense", study_name="", skip_set=[], sparsity=0.0,
-                calibration={k: (float(b[k]) if isinstance(b.get(k), (int, float)) else None) for k in ("accept_length", "metric", "tokens_per_s")},
+                calibration={k: (float(b[k]) if isinstance(b.get(k), (int, float)) else None) for k in (ACCEPT_LENGTH, METRIC, "tokens_per_s")},
                 heldout={}, curve=[], evaluations=0,
             )
             dense_cost = float(b["cost"]) if "cost" in b else None

@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from tss_opt.cli.common import hydra_entry
+from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.errors import UsageError
 
 
@@ -41,7 +42,7 @@ def profile(cfg: DictConfig) -> Path:
     print("|---|---|---|---|---|---|")
     for r in singles:
         print(
-            f"| {min(r.skip_set)} | {r.accept_length:.3f} | {r.accept_length - b['accept_length']:+.3f} | "
+            f"| {min(r.skip_set)} | {r.accept_length:.3f} | {r.accept_length - b[ACCEPT_LENGTH]:+.3f} | "
             f"{r.metric:.4f} | {r.metric - b['metric']:+.4f} | {'yes' if r.feasible else 'no'} |"
         )
     safe = name.replace("/", "_")

@@ -17,6 +17,7 @@ from tss_opt.assembly import (
     validation_evaluator,
 )
 from tss_opt.config import SearchSettings
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC
 from tss_opt.search import SearchResult, run_search
 from tss_opt.search.checks import decide_validation, run_validation
 from tss_opt.search.figures import figures_of
@@ -114,7 +115,10 @@ def format_result(result: SearchResult, wall_s: float) -> str:
     lines.append("|" + "---|" * (5 + len(speed)))
 
     def row(label: str, skip: frozenset[int], values: Any) -> str:
-        cells = [label, str(sorted(skip)), f"{values['accept_length']:.3f}", f"{values['metric']:.4f}", f"{values['cost']:.4f}"]
+        cells = [
+            label, str(sorted(skip)),
+            f"{values[ACCEPT_LENGTH]:.3f}", f"{values[METRIC]:.4f}", f"{values[COST]:.4f}",
+        ]
         return "| " + " | ".join(cells + ([fig.speed_cell(values)] if speed else [])) + " |"
 
     lines.append(row("dense", frozenset(), b))

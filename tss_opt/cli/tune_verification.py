@@ -34,6 +34,7 @@ from tss_opt.assembly import (
 )
 from tss_opt.cli.common import hydra_entry
 from tss_opt.config import Verification
+from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
 
     domain = require_domain(cfg)
     mode = Verification.parse("verification", str(cfg.get("verification") or "exact"))
-    if mode is Verification.exact:
+    if not mode.lossy:
         raise UsageError(
             "tune_verification chooses a lossy rule's setting: add verification=diversed or verification=cospec"
         )
@@ -87,7 +88,7 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
     saved = choice.save_learned(Path(rs.out_dir) / rt.loaded.config.name, domain.name)
     print(
         f"## {domain.name}: verification={mode}, skip {sorted(skip)}, {ev.num_prompts} calibration prompts x "
-        f"{ev.max_new_tokens} tokens; dense exact A={choice.reference['accept_length']:.3f} "
+        f"{ev.max_new_tokens} tokens; dense exact A={choice.reference[ACCEPT_LENGTH]:.3f} "
         f"{ev.metric_name}={choice.reference['metric']:.4f}"
     )
     print(choice.table(ev.metric_name))
@@ -96,7 +97,7 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
             extra = f"mean w {h['mean_weight']:.2f}" if "mean_weight" in h else f"keep-rate {h['keep_rate']:.2f}"
             print(
                 f"{name} REINFORCE epoch {int(h['epoch'])}: reward {h['reward']:.4f} {ev.metric_name} {h['metric']:.4f} "
-                f"A {h['accept_length']:.3f} {extra}"
+                f"A {h[ACCEPT_LENGTH]:.3f} {extra}"
             )
     for name, p in saved.items():
         print(f"wrote {p} ({name})")

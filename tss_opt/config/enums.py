@@ -66,9 +66,32 @@ class Verification(StrEnum):
     gives a distribution (docs/engine.md, "Relaxed verification").
     """
 
-    exact = "exact"
-    diversed = "diversed"
-    cospec = "cospec"
+    # Each rule says itself whether it is lossy (its output may differ from the target's own):
+    # callers read ``rule.lossy``, never a comparison with a rule's name.
+    lossy: bool
+
+    def __new__(cls, value: str, lossy: bool) -> Verification:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.lossy = lossy
+        return member
+
+    exact = "exact", False
+    diversed = "diversed", True
+    cospec = "cospec", True
+
+    @classmethod
+    def lossy_label(cls, label: str) -> bool:
+        """Whether the rule a label names is lossy.
+
+        ``label``: a rule's label as stored in decode stats, results, study protocols and
+        mapping entries (``Verifier.describe()`` / ``settings_label``: ``exact``,
+        ``diversed(w=0.60)``, ``cospec(threshold)``); the rule is the part before ``(``. A
+        label naming no known rule counts as lossy, the safe side: output is never presented
+        as the target's own unless a lossless rule produced it.
+        """
+        rule = cls._value2member_map_.get(str(label).split("(", 1)[0].strip())
+        return rule is None or bool(rule.lossy)  # type: ignore[attr-defined]
 
 
 class ExportFormat(StrEnum):

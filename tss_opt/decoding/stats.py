@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tss_opt.config.enums import Verification
+
 
 @dataclass
 class DecodeStats:
@@ -37,7 +39,7 @@ class DecodeStats:
     @property
     def lossy(self) -> bool:
         """True when a relaxed (lossy) verification rule produced this request."""
-        return self.verification != "exact"
+        return Verification.lossy_label(self.verification)
 
     @property
     def accept_length(self) -> float:

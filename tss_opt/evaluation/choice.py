@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from tss_opt.config.enums import Verification
+
 if TYPE_CHECKING:
     from tss_opt.decoding.drafter import Drafter
 
@@ -110,7 +112,7 @@ def choose_evaluator(
     why: list[str] = []
     if float(temperature) != 0.0:
         why.append(f"temperature={temperature} samples (the replay reproduces greedy decoding only)")
-    if str(verification) != "exact":
+    if Verification.lossy_label(str(verification)):
         why.append(f"verification={verification} is lossy (the replay reproduces exact verification only)")
     if str(cost) != "analytic":
         why.append(f"cost={cost} times real decoding (the replay runs none to time)")

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from tss_opt.config.enums import Verification
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.prefill import DensePrefill, PrefillStore, dense_prefill
 from tss_opt.decoding.protocol import DecodeProtocol
@@ -69,8 +71,8 @@ class PromptRecord:
         return {
             "index": self.index,
             "id": self.id,
-            "accept_length": self.accept_length,
-            "metric": self.score,
+            ACCEPT_LENGTH: self.accept_length,
+            METRIC: self.score,
             "tokens": self.new_tokens,
             "steps": self.steps,
             "repetition": self.repetition,
@@ -113,7 +115,7 @@ class EvalResult:
 
     @property
     def lossy(self) -> bool:
-        return self.verification != "exact"
+        return Verification.lossy_label(self.verification)
 
     @property
     def decoding_timed(self) -> bool:
@@ -123,9 +125,9 @@ class EvalResult:
     def to_dict(self) -> dict[str, Any]:
         """The evaluator-contract mapping; extras become trial user attributes."""
         return {
-            "accept_length": self.accept_length,
-            "metric": self.metric,
-            "cost": self.cost,
+            ACCEPT_LENGTH: self.accept_length,
+            METRIC: self.metric,
+            COST: self.cost,
             "cost_analytic": self.cost_analytic,
             "cost_measured": self.cost_measured,
             # A decoding speed only where decoding was timed (the search reads "tokens_per_s").

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC
 from tss_opt.errors import TSSError
 from tss_opt.mapping.format import DomainMapping, MappingEntry
 
@@ -324,10 +325,10 @@ def export_info(summary: ExportSummary, entry: MappingEntry, kept: list[int], ma
         **summary.to_dict(),
         "kept_layers": list(kept),  # new layer j was source layer kept[j]
         "verification": entry.verification,
-        "accept_length": entry.accept_length,
-        "metric": entry.metric,
+        ACCEPT_LENGTH: entry.accept_length,
+        METRIC: entry.metric,
         "metric_name": entry.metric_name,
-        "cost": entry.cost,
+        COST: entry.cost,
         "sparsity": entry.sparsity,
         "baseline": dict(entry.baseline),  # the dense run's figures, side by side
         "drafter": entry.drafter,

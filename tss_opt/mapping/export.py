@@ -8,6 +8,8 @@ from typing import Any
 
 import optuna
 
+from tss_opt.config.enums import Verification
+from tss_opt.config.objectives import OBJECTIVE_NAMES
 from tss_opt.mapping.format import DEFAULT_SCOPE, MappingEntry, MappingError, OperatingPoint
 from tss_opt.mapping.io import DEFAULT_MAPPING_PATH, write_entry
 from tss_opt.search.algorithm import canonical
@@ -82,9 +84,7 @@ def entry_from_result(
         calibration = {
             "feasibility": result.feasibility_rule,
             "confidence": result.settings.confidence,
-            "accept_length": record.accept_length,
-            "metric": record.metric,
-            "cost": record.cost,
+            **record.objectives(),
             "bounds": dict(record.bounds),
         }
     val: dict[str, Any] | None = None
@@ -110,7 +110,7 @@ def entry_from_result(
         metric_name=result.metric_name,
         cost=best.cost,
         sparsity=best.sparsity,
-        baseline={k: float(base[k]) for k in ("accept_length", "metric", "cost")},
+        baseline={k: float(base[k]) for k in OBJECTIVE_NAMES},
         model=model,
         num_layers=result.num_layers,
         drafter=drafter,
@@ -123,7 +123,7 @@ def entry_from_result(
         calibration=calibration,
         validation=val,
         verification=verification,
-        relaxed=dict(relaxed) if relaxed is not None and verification != "exact" else None,
+        relaxed=dict(relaxed) if relaxed is not None and Verification.lossy_label(verification) else None,
         scope=scope,
     )
 

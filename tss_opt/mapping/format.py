@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tss_opt.config.enums import Verification
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC, OBJECTIVE_NAMES
 from tss_opt.errors import TSSError
 
 __all__ = [
@@ -51,9 +53,9 @@ class OperatingPoint:
     def to_dict(self) -> dict[str, Any]:
         return {
             "skip_set": list(self.skip_set),
-            "accept_length": self.accept_length,
-            "metric": self.metric,
-            "cost": self.cost,
+            ACCEPT_LENGTH: self.accept_length,
+            METRIC: self.metric,
+            COST: self.cost,
             "sparsity": self.sparsity,
         }
 
@@ -123,7 +125,7 @@ class MappingEntry:
     @property
     def lossy(self) -> bool:
         """True when the entry was searched under a relaxed (lossy) verification rule."""
-        return self.verification != "exact"
+        return Verification.lossy_label(self.verification)
 
     @property
     def metric_change(self) -> float:
@@ -143,10 +145,10 @@ class MappingEntry:
         """The YAML form of the entry (the domain is the key, not a field)."""
         data: dict[str, Any] = {
             "skip_set": list(self.skip_set),
-            "accept_length": self.accept_length,
-            "metric": self.metric,
+            ACCEPT_LENGTH: self.accept_length,
+            METRIC: self.metric,
             "metric_name": self.metric_name,
-            "cost": self.cost,
+            COST: self.cost,
             "sparsity": self.sparsity,
             "baseline": dict(self.baseline),
             "model": self.model,
@@ -252,7 +254,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-RELAXED_MODES = ("diversed", "cospec")
+RELAXED_MODES = tuple(str(rule) for rule in Verification if rule.lossy)
 
 
 def _relaxed(path: Path | None, where: str, value: Any, verification: str) -> dict[str, Any] | None:
@@ -262,7 +264,7 @@ def _relaxed(path: Path | None, where: str, value: Any, verification: str) -> di
         raise _err(path, where, f"expected a mapping, got {value!r}")
     if value.get("mode") not in RELAXED_MODES:
         raise _err(path, f"{where}.mode", f"expected one of {', '.join(RELAXED_MODES)}, got {value.get('mode')!r}")
-    if verification == "exact":
+    if not Verification.lossy_label(verification):
         raise _err(
             path, where,
             "a relaxed block in an entry whose verification is exact; set verification to the rule's label or drop the block",
@@ -310,15 +312,18 @@ def _layers(path: Path | None, where: str, value: Any, num_layers: int) -> tuple
     return tuple(sorted(value))
 
 
+def _objectives(path: Path | None, where: str, data: Mapping[str, Any]) -> dict[str, float]:
+    """The three objectives of a point, an entry or its baseline, each a finite number."""
+    return {k: _number(path, f"{where}.{k}", data.get(k)) for k in OBJECTIVE_NAMES}
+
+
 def _point(path: Path | None, where: str, data: Any, num_layers: int) -> OperatingPoint:
     if not isinstance(data, Mapping):
         raise _err(path, where, f"expected a mapping, got {type(data).__name__}")
     skip = _layers(path, f"{where}.skip_set", data.get("skip_set"), num_layers)
     return OperatingPoint(
         skip_set=skip,
-        accept_length=_number(path, f"{where}.accept_length", data.get("accept_length")),
-        metric=_number(path, f"{where}.metric", data.get("metric")),
-        cost=_number(path, f"{where}.cost", data.get("cost")),
+        **_objectives(path, where, data),
         sparsity=_number(path, f"{where}.sparsity", data.get("sparsity", len(skip) / num_layers)),
     )
 
@@ -360,15 +365,10 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
     return MappingEntry(
         domain=domain,
         skip_set=skip,
-        accept_length=_number(path, f"{where}.accept_length", data.get("accept_length")),
-        metric=_number(path, f"{where}.metric", data.get("metric")),
-        metric_name=_text(path, f"{where}.metric_name", data.get("metric_name", "metric")) or "",
-        cost=_number(path, f"{where}.cost", data.get("cost")),
+        **_objectives(path, where, data),
+        metric_name=_text(path, f"{where}.metric_name", data.get("metric_name", METRIC)) or "",
         sparsity=_number(path, f"{where}.sparsity", data.get("sparsity", len(skip) / num_layers)),
-        baseline={
-            k: _number(path, f"{where}.baseline.{k}", baseline.get(k))
-            for k in ("accept_length", "metric", "cost")
-        },
+        baseline=_objectives(path, f"{where}.baseline", baseline),
         model=model,
         num_layers=num_layers,
         drafter=_text(path, f"{where}.drafter", data.get("drafter"), optional=True),

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tss_opt.config.enums import GGUFOutType
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC
 from tss_opt.mapping.checkpoint import (
     CheckpointError,
     ExportSummary,
@@ -395,9 +396,9 @@ def provenance_metadata(info: dict[str, Any], *, source_name: str | None) -> dic
         "tss.split": text(info.get("split")),
         "tss.drafter": text(info.get("drafter")),
         "tss.metric_name": text(info.get("metric_name")),
-        "tss.metric": num(info.get("metric")),
-        "tss.accept_length": num(info.get("accept_length")),
-        "tss.cost": num(info.get("cost")),
+        "tss.metric": num(info.get(METRIC)),
+        "tss.accept_length": num(info.get(ACCEPT_LENGTH)),
+        "tss.cost": num(info.get(COST)),
         "tss.sparsity": num(info.get("sparsity")),
         "tss.study.name": text((info.get("study") or {}).get("name")),
         PROVENANCE_KEY: (json.dumps(info, sort_keys=True), T.STRING, None),

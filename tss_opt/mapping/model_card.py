@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC
 from tss_opt.mapping.format import MappingEntry
 
 __all__ = ["gguf_model_card"]
@@ -26,9 +27,9 @@ def _figures(info: dict[str, Any]) -> list[str]:
     """The mapping's figures of S* beside the dense run's, one Markdown table."""
     base = info.get("baseline") or {}
     rows = [
-        ("accepted tokens per verification", info.get("accept_length"), base.get("accept_length")),
-        (f"task metric ({info.get('metric_name')})", info.get("metric"), base.get("metric")),
-        ("verification cost", info.get("cost"), base.get("cost")),
+        ("accepted tokens per verification", info.get(ACCEPT_LENGTH), base.get(ACCEPT_LENGTH)),
+        (f"task metric ({info.get('metric_name')})", info.get(METRIC), base.get(METRIC)),
+        ("verification cost", info.get(COST), base.get(COST)),
     ]
     lines = ["| measured on the search's prompts | this sparse target | dense target |", "|---|---:|---:|"]
     lines += [f"| {name} | {_fmt(ours)} | {_fmt(dense)} |" for name, ours, dense in rows]

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.report.intervals import (
     DEFAULT_LEVEL,
@@ -100,9 +101,9 @@ def heldout_stats(
         return [float(getattr(p, name)) for p in res.prompts]
 
     return HeldoutStats(
-        accept_diff=paired_difference(col(tss, "accept_length"), col(native, "accept_length"), level),
+        accept_diff=paired_difference(col(tss, ACCEPT_LENGTH), col(native, ACCEPT_LENGTH), level),
         accept_ratio=bootstrap_ratio(
-            col(tss, "accept_length"), col(native, "accept_length"), level, resamples=resamples, seed=seed
+            col(tss, ACCEPT_LENGTH), col(native, ACCEPT_LENGTH), level, resamples=resamples, seed=seed
         ),
         metric_diff=paired_difference(col(tss, "score"), col(native, "score"), level),
         speedup=bootstrap_ratio(col(tss, "tokens_per_s"), col(native, "tokens_per_s"), level, resamples=resamples, seed=seed),
@@ -149,7 +150,7 @@ class ValidationPrediction:
             "num_prompts": self.num_prompts,
             "confidence": self.confidence,
             "dense_accept_length": self.dense_accept,
-            "accept_length": self.accept,
+            ACCEPT_LENGTH: self.accept,
             "accept_length_change": self.accept_change,
             "accept_length_ratio": None if math.isnan(self.accept_ratio) else self.accept_ratio,
             "accept_length_bound": dict(self.accept_bound) if self.accept_bound else None,
@@ -175,7 +176,7 @@ def validation_prediction(entry: Mapping[str, Any]) -> ValidationPrediction | No
     figs, dense = val.get("figures"), val.get("dense")
     if not isinstance(figs, Mapping) or not isinstance(dense, Mapping):
         return None
-    nums = [_num(dense.get("accept_length")), _num(figs.get("accept_length")),
+    nums = [_num(dense.get(ACCEPT_LENGTH)), _num(figs.get(ACCEPT_LENGTH)),
             _num(dense.get("metric")), _num(figs.get("metric"))]
     if any(x is None for x in nums):
         return None
@@ -187,7 +188,7 @@ def validation_prediction(entry: Mapping[str, Any]) -> ValidationPrediction | No
         accept=nums[1],  # type: ignore[arg-type]
         dense_metric=nums[2],  # type: ignore[arg-type]
         metric=nums[3],  # type: ignore[arg-type]
-        accept_bound=bounds.get("accept_length"),
+        accept_bound=bounds.get(ACCEPT_LENGTH),
         metric_bound=bounds.get("metric"),
     )
 

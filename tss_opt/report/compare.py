@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.report.tables import format_skip_set
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def _measures(values: Mapping[str, Any]) -> dict[str, float | None]:
         v = values.get(k)
         return float(v) if isinstance(v, (int, float)) else None
 
-    return {"accept_length": get("accept_length"), "metric": get("metric"), "tokens_per_s": get("tokens_per_s")}
+    return {ACCEPT_LENGTH: get(ACCEPT_LENGTH), METRIC: get(METRIC), "tokens_per_s": get("tokens_per_s")}
 
 
 def row_from_result(label: str, result: SearchResult) -> ComparisonRow:
@@ -121,9 +122,9 @@ def comparison_markdown(
     for r in ([dense] if dense else []) + list(rows):
         c, h = r.calibration, r.heldout
         lines.append(
-            f"| {r.label} | {format_skip_set(r.skip_set)} | {_f(c.get('accept_length'), 3)} | "
-            f"{_f(c.get('metric'), 4)} | {_f(c.get('tokens_per_s'), 2)} | {_f(h.get('accept_length'), 3)} | "
-            f"{_f(h.get('metric'), 4)} | {_f(h.get('tokens_per_s'), 2)} | {r.evaluations or '–'} | "
+            f"| {r.label} | {format_skip_set(r.skip_set)} | {_f(c.get(ACCEPT_LENGTH), 3)} | "
+            f"{_f(c.get(METRIC), 4)} | {_f(c.get('tokens_per_s'), 2)} | {_f(h.get(ACCEPT_LENGTH), 3)} | "
+            f"{_f(h.get(METRIC), 4)} | {_f(h.get('tokens_per_s'), 2)} | {r.evaluations or '–'} | "
             f"{r.generated_tokens or '–'} |"
         )
     return "\n".join(lines)
@@ -147,8 +148,8 @@ def sweep_markdown(rows: Sequence[ComparisonRow], *, metric_name: str, domain: s
             return f"{_f(c.get(k), d)}{ho}"
 
         lines.append(
-            f"| {r.label} | {format_skip_set(r.skip_set)} | {r.sparsity:.1%} | {both('accept_length', 3)} | "
-            f"{both('metric', 4)} | {both('tokens_per_s', 2)} | {r.evaluations} |"
+            f"| {r.label} | {format_skip_set(r.skip_set)} | {r.sparsity:.1%} | {both(ACCEPT_LENGTH, 3)} | "
+            f"{both(METRIC, 4)} | {both('tokens_per_s', 2)} | {r.evaluations} |"
         )
     return "\n".join(lines)
 

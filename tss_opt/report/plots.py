@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.errors import TSSError
 from tss_opt.report.tables import format_skip_set
 
@@ -44,9 +45,9 @@ def _measured(result: SearchResult) -> list[TrialRecord]:
 
 def _baseline(result: SearchResult) -> tuple[float, float]:
     b = result.baseline
-    if not b or "accept_length" not in b or "metric" not in b:
+    if not b or ACCEPT_LENGTH not in b or METRIC not in b:
         raise PlotError(f"study '{result.study_name}' has no dense baseline measurement; run its search first")
-    return float(b["accept_length"]), float(b["metric"])
+    return float(b[ACCEPT_LENGTH]), float(b[METRIC])
 
 
 def plot_single_layer_profile(

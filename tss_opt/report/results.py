@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.enums import Verification
 from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.errors import TSSError
@@ -68,7 +69,7 @@ class DomainComparison:
     @property
     def lossy(self) -> bool:
         """The TSS row ran a relaxed (lossy) rule: its output is not the target's own."""
-        return self.tss is not None and self.verification != "exact"
+        return self.tss is not None and Verification.lossy_label(self.verification)
 
     @property
     def metric_change(self) -> float:

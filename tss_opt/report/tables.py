@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
+
 if TYPE_CHECKING:
     from tss_opt.evaluation.evaluator import EvalResult
     from tss_opt.report.intervals import Interval
@@ -63,7 +65,7 @@ def table_rows(comp: DomainComparison) -> list[dict[str, Any]]:
             "method": method,
             "skip_set": sorted(res.skip),
             "sparsity": len(res.skip) / comp.num_layers,
-            "accept_length": res.accept_length,
+            ACCEPT_LENGTH: res.accept_length,
             "metric": res.metric,
             "metric_name": comp.metric_name,
             "tokens_per_s": res.tokens_per_s,
@@ -104,7 +106,7 @@ def markdown_table(report: HeldoutReport) -> str:
                 f"{r['method']} LOSSY {r['verification']}" if lossy else r["method"],
                 format_skip_set(r["skip_set"]),
                 f"{k}/{comp.num_layers} ({100 * r['sparsity']:.1f}%)",
-                _fmt(r["accept_length"], ".3f"),
+                _fmt(r[ACCEPT_LENGTH], ".3f"),
                 f"{_fmt(r['metric'], '.4f')} ({r['metric_name']})",
                 _fmt(r["tokens_per_s"], ".1f"),
                 speedup,
@@ -193,11 +195,11 @@ def _calibration_table(report: HeldoutReport) -> str:
         # A tuned lossy entry: its calibration figures under the rule (relaxed.calibration).
         cal = (e.get("relaxed") or {}).get("calibration") or {}
         if comp.lossy and cal:
-            e = {**e, "accept_length": cal.get("accept_length", e.get("accept_length")), "metric": cal.get("metric", e.get("metric"))}
+            e = {**e, ACCEPT_LENGTH: cal.get(ACCEPT_LENGTH, e.get(ACCEPT_LENGTH)), METRIC: cal.get(METRIC, e.get(METRIC))}
         tss = comp.tss or comp.native  # dense kept: S* is dense, held-out A(S*) = A0
         lines.append(
             f"| {comp.domain}{' (LOSSY)' if comp.lossy else ''} | {format_skip_set(tss.skip)} | "
-            f"{_fmt(base.get('accept_length', float('nan')), '.3f')} -> {_fmt(e.get('accept_length', float('nan')), '.3f')} | "
+            f"{_fmt(base.get(ACCEPT_LENGTH, float('nan')), '.3f')} -> {_fmt(e.get(ACCEPT_LENGTH, float('nan')), '.3f')} | "
             f"{comp.native.accept_length:.3f} -> {tss.accept_length:.3f} | "
             f"{_fmt(base.get('metric', float('nan')), '.4f')} -> {_fmt(e.get('metric', float('nan')), '.4f')} | "
             f"{comp.native.metric:.4f} -> {tss.metric:.4f} |"
@@ -304,7 +306,7 @@ def _result_dict(res: EvalResult) -> dict[str, Any]:
         {
             "id": p.id,
             "score": p.score,
-            "accept_length": p.accept_length,
+            ACCEPT_LENGTH: p.accept_length,
             "tokens_per_s": p.tokens_per_s,
             "new_tokens": p.new_tokens,
             "steps": p.steps,
@@ -342,7 +344,7 @@ def report_to_dict(report: HeldoutReport) -> dict[str, Any]:
             "else eps_metric * |native mean| (relative) or eps_metric (absolute)",
             "metric": "lower end of the oriented metric-difference interval >= -tolerance",
             "speedup": "point speedup >= 1.0",
-            "accept_length": "|held-out A ratio / validation A ratio - 1| <= 0.10",
+            ACCEPT_LENGTH: "|held-out A ratio / validation A ratio - 1| <= 0.10",
         },
         "plots": dict(report.plots),
         "rows": [r for c in report.domains for r in table_rows(c)],

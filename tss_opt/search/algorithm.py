@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC, OBJECTIVE_NAMES
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.feasibility import PairedFeasibility, PerPrompt, Verdict
 from tss_opt.search.tolerance import metric_tolerance
@@ -60,7 +61,9 @@ def canonical(config: Iterable[int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Measurement:
-    """What one evaluation of a skip set gave (the objectives Algorithm 1 uses).
+    """What one evaluation of a skip set gave (the objectives Algorithm 1 uses): the typed
+    trial result from the evaluator's answer (:func:`~tss_opt.search.contract.measurement_from`)
+    to the storage and back (:meth:`trial_values`, :meth:`objectives`).
 
     ``per_prompt`` holds the per-prompt values (rounded as stored) when the evaluator reports
     them; the paired feasibility rule needs them. Fewer prompts than the dense run's means the
@@ -72,6 +75,14 @@ class Measurement:
     cost: float
     tokens_per_s: float | None = None
     per_prompt: PerPrompt | None = None
+
+    def trial_values(self) -> tuple[float, float, float]:
+        """The Optuna trial's values, in the study's objective order (:data:`OBJECTIVE_NAMES`)."""
+        return (self.accept_length, self.metric, self.cost)
+
+    def objectives(self) -> dict[str, float]:
+        """The three objectives by their stored names (:data:`OBJECTIVE_NAMES`)."""
+        return dict(zip(OBJECTIVE_NAMES, self.trial_values(), strict=True))
 
 
 @dataclass(frozen=True)
@@ -105,11 +116,11 @@ class Thresholds:
         c_a, c_m = self.constraints(m)
         reasons = []
         if c_a > 0:
-            reasons.append(f"accept_length {m.accept_length:.4f} < bound {self.accept:.4f}")
+            reasons.append(f"{ACCEPT_LENGTH} {m.accept_length:.4f} < bound {self.accept:.4f}")
         if c_m > 0:
             op = "<" if self.metric_higher_is_better else ">"
             reasons.append(f"metric {m.metric:.4f} {op} bound {self.metric:.4f}")
-        return Verdict(not reasons, (c_a, c_m), ("accept_length", "metric"), "; ".join(reasons))
+        return Verdict(not reasons, (c_a, c_m), (ACCEPT_LENGTH, METRIC), "; ".join(reasons))
 
 
 # The rule plan_search applies: the paper's point thresholds or the paired bounds.

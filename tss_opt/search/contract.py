@@ -6,6 +6,13 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from tss_opt.config.objectives import (
+    ACCEPT_LENGTH,
+    COST,
+    METRIC,
+    OBJECTIVE_NAMES,
+    PAIRED_OBJECTIVES,
+)
 from tss_opt.errors import TSSError
 from tss_opt.search.algorithm import Measurement
 from tss_opt.search.feasibility import PER_PROMPT_DECIMALS, PerPrompt
@@ -23,9 +30,9 @@ __all__ = [
     "to_json",
 ]
 
-REQUIRED_KEYS = ("accept_length", "metric", "cost")
-# Keys of one per-prompt entry: required, then optional.
-PER_PROMPT_KEYS = ("accept_length", "metric", "tokens", "repetition")
+REQUIRED_KEYS = OBJECTIVE_NAMES
+# Keys of one per-prompt entry: required (the paired objectives), then optional.
+PER_PROMPT_KEYS = (*PAIRED_OBJECTIVES, "tokens", "repetition")
 
 
 @runtime_checkable
@@ -88,7 +95,7 @@ def describe_evaluator(evaluator: Any) -> EvaluatorInfo:
     metric_name = getattr(evaluator, "metric_name", "metric")
     if not isinstance(metric_name, str) or not metric_name:
         raise EvaluatorError(f"evaluator.metric_name={metric_name!r} must be a non-empty string.")
-    if metric_name in ("accept_length", "cost"):
+    if metric_name in (ACCEPT_LENGTH, COST):
         raise EvaluatorError(
             f"evaluator.metric_name={metric_name!r} clashes with an objective name; "
             "use the task metric's own name (e.g. 'bleu', 'rouge_l', 'f1', 'accuracy')."
@@ -157,7 +164,7 @@ def per_prompt_from(value: Any, shown: list[int]) -> PerPrompt | None:
             if key in row and row[key] is not None:
                 x = _finite(row[key], f"per_prompt[{i}].{key}", shown)
                 cols[key].append(round(x, PER_PROMPT_DECIMALS))
-            elif key in ("accept_length", "metric"):
+            elif key in PAIRED_OBJECTIVES:
                 raise EvaluatorError(
                     f"per_prompt[{i}] for skip set {shown} lacks '{key}' (got keys "
                     f"{sorted(map(str, row))}); every entry needs accept_length and metric."
@@ -169,8 +176,8 @@ def per_prompt_from(value: Any, shown: list[int]) -> PerPrompt | None:
                 f"{len(rows)} prompts; report it for every prompt or for none."
             )
     return PerPrompt(
-        accept_length=tuple(cols["accept_length"]),
-        metric=tuple(cols["metric"]),
+        accept_length=tuple(cols[ACCEPT_LENGTH]),
+        metric=tuple(cols[METRIC]),
         tokens=tuple(cols["tokens"]) if cols["tokens"] else None,
         repetition=tuple(cols["repetition"]) if cols["repetition"] else None,
     )

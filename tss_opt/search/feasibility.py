@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC, PAIRED_OBJECTIVES
 from tss_opt.search.tolerance import DEFAULT_EPS_METRIC_ABS, metric_tolerance
 
 __all__ = [
@@ -108,7 +109,7 @@ class PerPrompt:
 
     def to_dict(self) -> dict[str, list[float]]:
         """The compact stored form: one list per quantity (absent ones left out)."""
-        out = {"accept_length": list(self.accept_length), "metric": list(self.metric)}
+        out = {ACCEPT_LENGTH: list(self.accept_length), METRIC: list(self.metric)}
         if self.tokens is not None:
             out["tokens"] = list(self.tokens)
         if self.repetition is not None:
@@ -121,8 +122,8 @@ class PerPrompt:
         if not isinstance(data, dict):
             return None
         try:
-            acc = tuple(float(x) for x in data["accept_length"])
-            met = tuple(float(x) for x in data["metric"])
+            acc = tuple(float(x) for x in data[ACCEPT_LENGTH])
+            met = tuple(float(x) for x in data[METRIC])
         except (KeyError, TypeError, ValueError):
             return None
         opt = {}
@@ -337,15 +338,22 @@ class PairedFeasibility:
     def n(self) -> int:
         return self.baseline.n
 
+    def _paired(
+        self, pp: PerPrompt
+    ) -> tuple[tuple[str, tuple[float, ...], tuple[float, ...], float, float], ...]:
+        """Per paired objective (:data:`PAIRED_OBJECTIVES`, in that order): its name, ``pp``'s
+        and dense's per-prompt values, the sign that makes a loss negative, the tolerance."""
+        sign_m = 1.0 if self.metric_higher_is_better else -1.0
+        return (
+            (ACCEPT_LENGTH, pp.accept_length, self.baseline.accept_length, 1.0, self.tol_accept),
+            (METRIC, pp.metric, self.baseline.metric, sign_m, self.tol_metric),
+        )
+
     def bounds(self, pp: PerPrompt) -> dict[str, Bound]:
         """The paired bounds of ``pp`` (its n prompts against dense's first n)."""
         n = pp.n
-        sign_m = 1.0 if self.metric_higher_is_better else -1.0
         out: dict[str, Bound] = {}
-        for name, vals, ref, sign, tol in (
-            ("accept_length", pp.accept_length, self.baseline.accept_length, 1.0, self.tol_accept),
-            ("metric", pp.metric, self.baseline.metric, sign_m, self.tol_metric),
-        ):
+        for name, vals, ref, sign, tol in self._paired(pp):
             mean, lo, hi = paired_bound(vals, ref, self.confidence, sign=sign)
             out[name] = Bound(mean, lo, hi, n, tol)
         if pp.repetition is not None and self.baseline.repetition is not None:
@@ -368,15 +376,14 @@ class PairedFeasibility:
         """
         pp = self._check(getattr(m, "per_prompt", None))
         b = self.bounds(pp)
-        names = ["accept_length", "metric"]
-        cons = [-b["accept_length"].tolerance - b["accept_length"].lower,
-                -b["metric"].tolerance - b["metric"].lower]
+        names = list(PAIRED_OBJECTIVES)
+        cons = [-b[k].tolerance - b[k].lower for k in PAIRED_OBJECTIVES]
         if "repetition" in b:
             names.append("repetition")
             cons.append(b["repetition"].lower - b["repetition"].tolerance)
         reasons = []
         pct = f"{self.confidence:.0%}"
-        for name in ("accept_length", "metric"):
+        for name in PAIRED_OBJECTIVES:
             x = b[name]
             if x.lower < -x.tolerance:
                 reasons.append(
@@ -404,7 +411,7 @@ class PairedFeasibility:
     def either(self, m: Any) -> bool:
         """The permissive pool rule: accepted length or the metric holds (use tau tolerances)."""
         b = self.bounds(self._check(getattr(m, "per_prompt", None)))
-        return any(b[k].lower >= -b[k].tolerance for k in ("accept_length", "metric"))
+        return any(b[k].lower >= -b[k].tolerance for k in PAIRED_OBJECTIVES)
 
     def hopeless(self, pp: PerPrompt, *, pool: PairedFeasibility | None = None) -> str:
         """Why a partial evaluation is already infeasible at this confidence ("" if not).
@@ -419,7 +426,7 @@ class PairedFeasibility:
         b = self.bounds(pp)
         pct = f"{self.confidence:.0%}"
         why = ""
-        for name in ("accept_length", "metric"):
+        for name in PAIRED_OBJECTIVES:
             x = b[name]
             if x.upper < -x.tolerance:
                 why = (
@@ -435,7 +442,7 @@ class PairedFeasibility:
             )
         if why and pool is not None:
             pb = pool.bounds(pp)
-            if any(pb[k].upper >= -pb[k].tolerance for k in ("accept_length", "metric")):
+            if any(pb[k].upper >= -pb[k].tolerance for k in PAIRED_OBJECTIVES):
                 return ""  # it might still enter the candidate pool: evaluate it fully
         return why
 
@@ -473,12 +480,8 @@ class PairedFeasibility:
 
     def _dead(self, pp: PerPrompt, total: int, look_confidence: float) -> list[tuple[str, float, float]]:
         """The objectives whose final lower bound cannot reach ``-delta``: (name, bound, delta)."""
-        sign_m = 1.0 if self.metric_higher_is_better else -1.0
         out = []
-        for name, vals, ref, sign, tol in (
-            ("accept_length", pp.accept_length, self.baseline.accept_length, 1.0, self.tol_accept),
-            ("metric", pp.metric, self.baseline.metric, sign_m, self.tol_metric),
-        ):
+        for name, vals, ref, sign, tol in self._paired(pp):
             bound = futility_bound(vals, ref, total, self.confidence, look_confidence, sign=sign)
             if bound < -tol:
                 out.append((name, bound, tol))

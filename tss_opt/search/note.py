@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC
 from tss_opt.search.algorithm import canonical
 from tss_opt.search.figures import Figures, figures_of
 from tss_opt.search.result import SearchResult, TrialRecord
@@ -35,7 +36,7 @@ def _row(label: str, skip: frozenset[int], values: Mapping[str, Any] | TrialReco
     if isinstance(values, TrialRecord):
         a, m, c, rest = values.accept_length, values.metric, values.cost, values.values
     else:
-        a, m, c, rest = values.get("accept_length"), values.get("metric"), values.get("cost"), values
+        a, m, c, rest = values.get(ACCEPT_LENGTH), values.get(METRIC), values.get(COST), values
     speed = f" {fig.speed_cell(rest)} |" if fig.speed_key else ""
     return f"| {label} | {list(canonical(skip))} | {_num(a)} | {_num(m, 4)} | {_num(c, 4)} |{speed}"
 

@@ -127,7 +127,7 @@ class _Run:
             assert m is not None and self.rule is not None
             trial.set_user_attr("duplicate_of", self.complete[config].number)
             record_constraints(self.study, trial, self.rule.verdict(m), self.info.metric_name)
-            return (m.accept_length, m.metric, m.cost)
+            return m.trial_values()
         level = len(config)
         trial.set_user_attr("skip_set", list(canonical(config)))
         trial.set_user_attr("level", level)
@@ -145,7 +145,7 @@ class _Run:
         self.progress.trial(trial.number, config, m, verdict.feasible)
         self.results[config] = m
         self.complete[config] = study_storage(self.study).get_trial(trial_id(trial))
-        return (m.accept_length, m.metric, m.cost)
+        return m.trial_values()
 
 
 

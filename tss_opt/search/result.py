@@ -10,6 +10,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from tss_opt.config.objectives import OBJECTIVE_NAMES
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config, Measurement, canonical
 from tss_opt.search.feasibility import PairedFeasibility
@@ -51,6 +52,10 @@ class TrialRecord:
     early_stopped: bool = False
     bounds: Mapping[str, Any] = field(default_factory=dict)
 
+    def objectives(self) -> dict[str, float | None]:
+        """The three objectives by their stored names (``None`` for a set given up)."""
+        return dict(zip(OBJECTIVE_NAMES, (self.accept_length, self.metric, self.cost), strict=True))
+
     @classmethod
     def given_up(cls, config: Config) -> TrialRecord:
         """The record of a skip set given up after its workers crashed (no measurement)."""
@@ -71,7 +76,7 @@ class TrialRecord:
         """The record of a measured skip set: ``m``'s objectives, and as ``values`` the
         objectives with the evaluator's extras from ``trial`` (its COMPLETE trial; the
         search's own bookkeeping attributes left out)."""
-        values = {"accept_length": m.accept_length, "metric": m.metric, "cost": m.cost}
+        values: dict[str, Any] = m.objectives()
         values.update({k: v for k, v in trial.user_attrs.items() if k not in _BOOKKEEPING_ATTRS})
         if m.per_prompt is not None and m.per_prompt.tokens is not None:
             # The generated tokens of the prompts it ran, counted per prompt (studies chunked

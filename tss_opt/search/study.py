@@ -3,7 +3,8 @@
 A study stores, as user attributes (shown by optuna-dashboard): ``search_settings``,
 ``metadata``, ``num_layers``, ``metric_name``, ``metric_higher_is_better`` and, once the search
 is finished, ``result`` (the selected set and the Pareto set). Its objectives are
-``["accept_length", <metric_name>, "cost"]`` (maximize, maximize or minimize, minimize).
+:data:`~tss_opt.config.objectives.OBJECTIVE_NAMES` with the metric's slot named by the task
+metric (``[accept_length, <metric_name>, cost]``; maximize, maximize or minimize, minimize).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
+from tss_opt.config.objectives import ACCEPT_LENGTH, COST
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import Config
 from tss_opt.search.contract import EvaluatorInfo, to_json
@@ -118,7 +120,7 @@ def create_or_load_study(
             study.set_user_attr("metric_higher_is_better", info.metric_higher_is_better)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)  # set_metric_names
-                study.set_metric_names(["accept_length", info.metric_name, "cost"])
+                study.set_metric_names([ACCEPT_LENGTH, info.metric_name, COST])
             # Written last: its presence says the identity above is complete.
             storage.set_study_system_attr(study_id(study), FORMAT_KEY, FORMAT_VERSION)
             return study

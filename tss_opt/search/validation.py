@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tss_opt.config.search import SearchSettings
@@ -174,9 +174,7 @@ def validate_candidates(
         for c in candidates:
             r = result.record(c)
             calibration[c] = {
-                "accept_length": r.accept_length,
-                "metric": r.metric,
-                "cost": r.cost,
+                **r.objectives(),
                 "feasibility": result.feasibility_rule,
                 "bounds": dict(r.bounds),
             }
@@ -274,11 +272,11 @@ def _validate(
 def _figures(m: Measurement, bounds: Mapping[str, Any]) -> dict[str, Any]:
     pp = m.per_prompt
     assert pp is not None
-    out: dict[str, Any] = {
-        "accept_length": round(sum(pp.accept_length) / pp.n, 6),
-        "metric": round(sum(pp.metric) / pp.n, 6),
-        "cost": m.cost,
-    }
+    # The objectives with the per-prompt means (the validation's own prompts).
+    means = replace(
+        m, accept_length=round(sum(pp.accept_length) / pp.n, 6), metric=round(sum(pp.metric) / pp.n, 6)
+    )
+    out: dict[str, Any] = dict(means.objectives())
     if bounds:
         out["bounds"] = bounds
     return out

@@ -217,7 +217,7 @@ class Worker:
                 ev.prompts_used,
                 ev.stop_reason,
             )
-        return (m.accept_length, m.metric, m.cost)
+        return m.trial_values()
 
     def _set_rule(self, baseline: Measurement, rule: Feasibility | None) -> None:
         self.baseline = baseline

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.decoding.drafters.eagle import (
     TRAINING_FILE,
     EagleDrafter,
@@ -328,7 +329,7 @@ class _Run:
     def record(self, step: int, seconds: float, parts: LossParts, a: float | None) -> None:
         entry = {
             "step": step, "seconds": round(seconds, 2), "loss": parts.loss, "feature": parts.feature,
-            "token": parts.token, "accuracy": parts.accuracy, "accept_length": a,
+            "token": parts.token, "accuracy": parts.accuracy, ACCEPT_LENGTH: a,
         }
         self.history.append(entry)
         if self.on_probe is not None:
@@ -472,7 +473,7 @@ def train_eagle(
         bar.close()
         seconds = budget.elapsed
         if run.history[-1]["step"] == done_before + step:  # the last probe ran at this very step
-            final, probe_after = last_eval, run.history[-1]["accept_length"]
+            final, probe_after = last_eval, run.history[-1][ACCEPT_LENGTH]
         else:
             final = evaluate_loss(head, eval_batches, settings)
             probe_after = run.probe()

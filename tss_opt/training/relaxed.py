@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.config.schema import RELAXED_WEIGHTS, RelaxedSettings
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import FEATURES, LinearFeaturePolicy, LogisticPolicy
@@ -95,7 +96,7 @@ class Judged:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label, "accept_length": self.accept_length, "metric": self.metric,
+            "label": self.label, ACCEPT_LENGTH: self.accept_length, METRIC: self.metric,
             "metric_change": self.metric_change, "lower": self.lower, "tolerance": self.tolerance,
             "feasible": self.feasible,
         }
@@ -104,6 +105,11 @@ class Judged:
 def dense_reference(evaluator: SpecDecodeEvaluator) -> EvalResult:
     """The dense exact run every relaxed rule is judged against."""
     return _with_verifier(evaluator, Verifier(Verification.exact), frozenset())
+
+
+def reference_figures(ref: EvalResult) -> dict[str, float]:
+    """The dense reference's figures as a tuning result stores them (accepted length, metric)."""
+    return {ACCEPT_LENGTH: ref.accept_length, METRIC: ref.metric}
 
 
 def check_against_dense(
@@ -182,13 +188,13 @@ def search_weight(
             relative=relative, eps_abs=eps_abs,
         )
         rows.append(
-            {"weight": w, "accept_length": j.accept_length, "metric": j.metric, "lower": j.lower,
+            {"weight": w, ACCEPT_LENGTH: j.accept_length, METRIC: j.metric, "lower": j.lower,
              "tolerance": j.tolerance, "feasible": j.feasible}
         )
         if j.feasible and j.accept_length > best_a:
             best_w, best_a = w, j.accept_length
     return WeightSearch(
-        weight=best_w, reference={"accept_length": ref.accept_length, "metric": ref.metric}, rows=rows
+        weight=best_w, reference=reference_figures(ref), rows=rows
     )
 
 
@@ -243,8 +249,8 @@ def _reinforce(
             row = {
                 "epoch": float(epoch),
                 "reward": baseline,
-                "metric": r.metric,
-                "accept_length": r.accept_length,
+                METRIC: r.metric,
+                ACCEPT_LENGTH: r.accept_length,
                 **summary(total, decisions),
             }
             history.append(row)

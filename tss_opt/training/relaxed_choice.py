@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tss_opt.config.enums import Verification
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.config.schema import RelaxedSettings
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import LogisticPolicy, ThresholdPolicy
@@ -39,6 +40,7 @@ from tss_opt.training.relaxed import (
     Judged,
     check_against_dense,
     dense_reference,
+    reference_figures,
     train_cospec_policy,
     train_diversed_weight,
 )
@@ -107,7 +109,7 @@ class RelaxedChoice:
     @property
     def lossy(self) -> bool:
         """False when the choice fell back to exact verification."""
-        return self.chosen.mode != EXACT
+        return Verification.lossy_label(self.chosen.mode)
 
     def save_learned(self, directory: str | Path, stem: str) -> dict[str, Path]:
         """Write each learned rule's parameters as ``<directory>/<stem>.<kind>.json`` and point
@@ -138,8 +140,8 @@ class RelaxedChoice:
                 "prompts": self.num_prompts,
                 "max_new_tokens": self.max_new_tokens,
                 "dense": dict(self.reference),
-                "accept_length": j.accept_length,
-                "metric": j.metric,
+                ACCEPT_LENGTH: j.accept_length,
+                METRIC: j.metric,
                 "metric_change": j.metric_change,
                 "lower": j.lower,
                 "tolerance": j.tolerance,
@@ -217,7 +219,7 @@ def tune_relaxed(
         RelaxedVerificationError: ``mode`` is exact or a weight outside [0, 1].
     """
     mode = Verification.parse("verification", mode)
-    if mode is Verification.exact:
+    if not mode.lossy:
         raise RelaxedVerificationError(
             "tuning needs a lossy mode: verification=diversed or verification=cospec (exact has nothing to tune)"
         )
@@ -269,7 +271,7 @@ def tune_relaxed(
     chosen = _choose(cands)
     log.info("chosen: %s (%s)", chosen.name, chosen.label)
     return RelaxedChoice(
-        mode=str(mode), skip=skip, reference={"accept_length": ref.accept_length, "metric": ref.metric},
+        mode=str(mode), skip=skip, reference=reference_figures(ref),
         candidates=cands, chosen=chosen, history=history, learned=learned, rule=rule,
         num_prompts=evaluator.num_prompts, max_new_tokens=evaluator.max_new_tokens,
     )

@@ -108,7 +108,7 @@ class Verifier:
     @property
     def lossy(self) -> bool:
         """True for the relaxed modes: the output may differ from the target's own."""
-        return self.mode is not Verification.exact
+        return self.mode.lossy
 
     def describe(self) -> str:
         """A short label: ``exact``, ``diversed(w=0.60)``, ``diversed(w=learned)``, ``cospec(threshold)``."""
@@ -311,7 +311,7 @@ def verifier_from_settings(mode: Verification | str, settings: Mapping[str, Any]
 
     mode = Verification.parse("verification", mode)
     s = dict(settings or {})
-    if mode is Verification.exact:
+    if not mode.lossy:
         return Verifier(mode)
     if mode is Verification.diversed:
         if s.get("weight_policy"):
