@@ -38,6 +38,7 @@ from enum import Enum
 from typing import Any
 
 from tss_opt.config.enums import StrEnum
+from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.errors import TSSError
 
 
@@ -179,7 +180,7 @@ class Feasibility(StrEnum):
 
 
 MODES = tuple(m.value for m in Mode)
-SLEB_SCORES = ("metric", "accept_length")
+SLEB_SCORES = (METRIC, ACCEPT_LENGTH)
 SELECTIONS = tuple(m.value for m in Selection)
 FEASIBILITIES = tuple(m.value for m in Feasibility)
 

@@ -11,6 +11,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
+from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.algorithm import (
     Config,
@@ -45,7 +46,7 @@ def plan_one_objective(
 
 def _greedy_key(settings: SearchSettings, hib: bool):
     sign = 1.0 if hib else -1.0
-    by_accept = settings.mode_spec.ranks_by_score and settings.sleb_score == "accept_length"
+    by_accept = settings.mode_spec.ranks_by_score and settings.sleb_score == ACCEPT_LENGTH
 
     def key(c: Config, m: Measurement) -> tuple:
         metric = sign * m.metric

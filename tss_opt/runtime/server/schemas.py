@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.runtime.server.request_models import GenerationRequest, Kind, parse_json, parse_request
 
 __all__ = [
@@ -59,7 +60,7 @@ class TSSInfo:
             "domain": self.domain,
             "skip_set": list(self.skip_set),
             "routed": self.routed,
-            "accept_length": round(self.accept_length, 4),
+            ACCEPT_LENGTH: round(self.accept_length, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
             # This request's verification steps and the decoder-layer forwards they ran on
             # its tokens: layers minus its skip set per step (the compute the skip set saved).
