@@ -211,17 +211,23 @@ def choices(d: Any) -> list[str]:
     return [ch.describe()] if ch is not None else []
 
 
+def _median(xs: list[float]) -> float:
+    """The median of the prompts that have the figure (a one-token answer has no decode rate)."""
+    ok = [x for x in xs if x == x]
+    return statistics.median(ok) if ok else float("nan")
+
+
 def target_cell(a: Arm) -> str:
     """Issue 34's per-arm target: every drafter >= 0.95x HF greedy (and our prompt lookup >=
     1.0x HF's), outputs identical."""
     if not a.ours or a.key.startswith("plain"):
         return "-"
-    r = statistics.median(a.ratio)
+    r = _median(a.ratio)
     miss = []
     if r < 0.95:
         miss.append(f"{r:.2f}x < 0.95x greedy")
-    if a.key.split("@")[0] in ("pld", "pld_auto") and a.ratio_pld and statistics.median(a.ratio_pld) < 1.0:
-        miss.append(f"{statistics.median(a.ratio_pld):.2f}x < 1.0x HF PLD")
+    if a.key.split("@")[0] in ("pld", "pld_auto") and a.ratio_pld and _median(a.ratio_pld) < 1.0:
+        miss.append(f"{_median(a.ratio_pld):.2f}x < 1.0x HF PLD")
     if not all(a.same):
         miss.append("outputs differ")
     return "yes" if not miss else "NO: " + ", ".join(miss)
@@ -400,7 +406,9 @@ def main() -> None:
                     outs: dict[str, tuple[list[int], float, float]] = {}
                     for a in order:
                         toks, dt, al, first = a.run(ids, args.max_new_tokens)
-                        outs[a.key] = (toks, len(toks) / dt, (len(toks) - 1) / (dt - first))
+                        # an answer of one token (EOS at once) has no decode rate
+                        dec = (len(toks) - 1) / (dt - first) if len(toks) > 1 else float("nan")
+                        outs[a.key] = (toks, len(toks) / dt, dec)
                         a.al.append(al)
                     if "hf_greedy" not in outs:
                         outs["hf_greedy"] = (hf_run(model, eos)(ids, args.max_new_tokens)[0], float("nan"), float("nan"))
@@ -410,9 +418,9 @@ def main() -> None:
                         a.tps.append(tps)
                         a.decode_tps.append(dec)
                         a.same.append(toks == ref)
-                        a.ratio.append(dec / outs["hf_greedy"][2])
+                        a.ratio.append(dec / outs["hf_greedy"][2] if outs["hf_greedy"][2] > 0 else float("nan"))
                         a.e2e_ratio.append(tps / outs["hf_greedy"][1])
-                        if "hf_pld" in outs:
+                        if "hf_pld" in outs and outs["hf_pld"][2] > 0:
                             a.ratio_pld.append(dec / outs["hf_pld"][2])
                     bar.update(1)
                 bar.close()
@@ -425,28 +433,28 @@ def main() -> None:
                 for a in arms:
                     al = [x for x in a.al if x == x]
                     # A plain step's time over the weights' read time (issue 34: compiled within 2x, goal 1.3x).
-                    bw = (f"{1 / statistics.median(a.decode_tps) / read_s:.2f}x"
+                    bw = (f"{1 / _median(a.decode_tps) / read_s:.2f}x"
                           if a.key.split("@")[0] in ("plain", "hf_greedy") else "-")
                     print(f"| {a.label} | {'skip ' + str(list(a.skip)) if a.skip else 'dense'} | "
-                          f"{statistics.median(a.decode_tps):.2f} | {statistics.median(a.ratio):.3f} | "
+                          f"{_median(a.decode_tps):.2f} | {_median(a.ratio):.3f} | "
                           f"{statistics.median(a.tps):.2f} | {statistics.median(a.e2e_ratio):.3f} | {bw} | "
                           f"{statistics.mean(al) if al else float('nan'):.2f} | {sum(a.same)}/{len(a.same)} | "
                           f"{target_cell(a)} |")
                 drafted = [a for a in arms if a.drafter is not None]
                 if drafted:
-                    best = max(drafted, key=lambda a: statistics.median(a.ratio))
-                    r = statistics.median(best.ratio)
+                    best = max(drafted, key=lambda a: _median(a.ratio))
+                    r = _median(best.ratio)
                     goal = "" if dom_name != "summarization" else (
                         f"; best >= 1.3x (summarization): {'met' if r >= 1.3 else 'NOT met'} (goal 1.6x)")
                     e2e = statistics.median(best.e2e_ratio)
-                    slow = [a.label for a in drafted if statistics.median(a.ratio) < 0.95]
+                    slow = [a.label for a in drafted if _median(a.ratio) < 0.95]
                     line = (f"{dtype} {dom_name} {ctx:.0f}-token prompts (decode rates): best {best.label} "
                             f"({'skip' if best.skip else 'dense'}) {r:.2f}x HF greedy ({e2e:.2f}x end to end){goal}; "
                             "drafters >= 0.95x: "
                             f"{len(drafted) - len(slow)}/{len(drafted)}" + (f" (below: {', '.join(slow)})" if slow else ""))
                     plains = [a for a in arms if a.key.split("@")[0] == "plain" and not a.skip]
                     for a in plains:
-                        x = 1 / statistics.median(a.decode_tps) / read_s
+                        x = 1 / _median(a.decode_tps) / read_s
                         line += f"; {a.label.removeprefix('ours: ')} step {x:.2f}x the bandwidth limit"
                     print(f"\n{line}\n", flush=True)
                     summary.append(line)
