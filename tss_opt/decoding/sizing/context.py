@@ -1,9 +1,10 @@
 """Drafts sized per context: one tree choice per cached length, for every drafter that sizes.
 
-Verification costs grow with the context the tree attends to: on this CPU (float32, one
-thread) one verified node costs 2-5 % of a plain step after 64 cached tokens and about 25 %
-after 800 (docs/engine.md), so a tree sized after 64 tokens drafts too much on a long prompt
-and loses to plain decoding (issue 34: Token Recycling 0.94x). :class:`ContextSized` makes one
+Verification costs depend on the context the tree attends to: issue 34 measured one verified
+node at 2-5 % of a plain step after 64 cached tokens and about 25 % after 800 (float32, one
+thread), so a tree sized after 64 tokens drafted too much on a long prompt and lost to plain
+decoding (Token Recycling 0.94x); how much a node costs is the machine's, read from its tables
+(docs/engine.md). :class:`ContextSized` makes one
 :func:`~tss_opt.decoding.sizing.choice.choose_tree` choice per :data:`CONTEXT_BUCKETS` entry
 from the latency table measured on that many cached tokens, all when the drafter is built
 (decoding never stops to measure), so the size is a function of the context length alone.

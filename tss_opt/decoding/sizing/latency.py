@@ -248,8 +248,9 @@ def load_or_measure_latency(
     model: well under a second).
 
     ``directory``: see :func:`sizing_dir`. ``prefix_len``: the cached context the forwards
-    run on (one file per length: on this CPU one verified node costs 2-5 % of a plain step
-    after 64 tokens and about 25 % after 800, docs/engine.md)."""
+    run on (one file per length: a verified node's cost relative to a plain step depends on
+    it; issue 34 measured 2-5 % after 64 tokens and about 25 % after 800 on one CPU, and 60 %
+    after 64 on another, docs/engine.md)."""
     key = hardware_key(target, model_name)
     path = _key_file(key, sizing_dir(directory), prefix_len)
     if path.is_file():
