@@ -59,6 +59,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from compiled_step import weights_read_s  # noqa: E402  (benchmarks/, the script's folder)
 from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
 from tss_opt.assembly import assemble, compose_config  # noqa: E402
@@ -266,22 +267,6 @@ def at_length(tok: Any, domain: Any, ex: Any, pool: list[Any], length: int) -> t
     return ids
 
 
-def weights_read_seconds(model: Any, repeats: int = 7) -> tuple[float, int]:
-    """(median seconds to read every parameter once, their bytes): the memory-bandwidth limit of
-    one decoding step, which must read all weights (issue 34: a 540 MB float32 tensor summed in
-    19.6 ms here, one thread). Tied embeddings count once."""
-    params = list({p.data_ptr(): p for p in model.parameters()}.values())
-    nbytes = sum(p.numel() * p.element_size() for p in params)
-    times = []
-    with torch.inference_mode():
-        for _ in range(repeats + 1):
-            t0 = time.perf_counter()
-            for p in params:
-                p.sum()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:]), nbytes
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--domains", default="summarization,mmlu")
@@ -345,12 +330,13 @@ def main() -> None:
                 load_or_measure_latency(tgt, base, prefix_len=ctx)
         table = load_or_measure_latency(target, base)
         load = "load not recorded" if table.load is None else f"load {table.load} on {table.cpus} CPUs"
-        read_s, nbytes = weights_read_seconds(model)
+        read_s = weights_read_s(model)  # the bandwidth limit, as benchmarks/compiled_step.py measures it
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         print(f"\n## {dtype}: latency table after 64 tokens ({table.measured_at}, {load}{', BUSY' if table.busy else ''}, "
               f"{time.perf_counter() - t0:.1f} s to read or measure): "
               + ", ".join(f"{n}: {s * 1e3:.0f} ms" for n, s in sorted(table.seconds.items())), flush=True)
         print(f"bandwidth limit: the weights ({nbytes / 1e6:.0f} MB) read once in {read_s * 1e3:.1f} ms "
-              f"(median of 7; {nbytes / read_s / 1e9:.1f} GB/s): at most {1 / read_s:.1f} tokens/s for a plain step",
+              f"(median of 7 sums of every parameter; {nbytes / read_s / 1e9:.1f} GB/s): at most {1 / read_s:.1f} tokens/s for a plain step",
               flush=True)
         for dom_name in args.domains.split(","):
             domain = load_domain(OmegaConf.load(config_dir() / "domain" / f"{dom_name}.yaml"))

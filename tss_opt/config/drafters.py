@@ -97,8 +97,10 @@ class DrafterSpec:
         name = given.get("name")
         target = given.get("_target_")
         values: dict[str, Any] = {}
-        if not target or (name in available_drafters() and target == shipped_drafter(name).get("_target_")):
-            shipped = shipped_drafter(name)  # refuses an unknown name
+        # The shipped file is read once: for its builder (none given; an unknown name is
+        # refused there) and its defaults (unless the config names another builder).
+        shipped = shipped_drafter(name) if not target or name in available_drafters() else None
+        if shipped is not None and target in (None, "", shipped["_target_"]):
             target = shipped["_target_"]
             values.update({k: v for k, v in shipped.items() if k not in _RESERVED})
         values.update({k: v for k, v in given.items() if k not in _RESERVED})

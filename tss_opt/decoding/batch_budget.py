@@ -40,6 +40,7 @@ from tss_opt.decoding.sizing.latency import (
     hardware_key,
     host_load,
     sizing_dir,
+    was_busy,
 )
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class BatchLatency:
 
     @property
     def busy(self) -> bool:
-        return self.load is not None and self.cpus is not None and self.load > self.cpus
+        return was_busy(self.load, self.cpus)
 
     def at(self, rows: float, tokens: float) -> float:
         """Seconds for ``rows`` rows of ``tokens`` tokens: bilinear between measured points,

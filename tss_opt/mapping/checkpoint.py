@@ -43,6 +43,7 @@ __all__ = [
     "check_exportable",
     "check_out_dir",
     "delete_layers",
+    "kept_layers",
     "entry_to_export",
     "export_domain_checkpoint",
     "export_info",
@@ -180,6 +181,24 @@ def _text_config(config: Any) -> Any:
     return get() if callable(get) else config
 
 
+def kept_layers(
+    skip: Iterable[int], num_layers: int, error: type[CheckpointError] = CheckpointError
+) -> list[int]:
+    """The layers an export keeps (ascending), once ``skip`` is checked against the model.
+
+    Raises:
+        error: a layer out of range, or a skip set that deletes every layer.
+    """
+    drop = frozenset(int(i) for i in skip)
+    bad = sorted(i for i in drop if not 0 <= i < num_layers)
+    if bad:
+        raise error(f"layer(s) {bad} out of range: the model has {num_layers} layers (0..{num_layers - 1})")
+    kept = [i for i in range(num_layers) if i not in drop]
+    if not kept:
+        raise error(f"the skip set deletes all {num_layers} layers; nothing would be left to export")
+    return kept
+
+
 def delete_layers(model: torch.nn.Module, skip: Iterable[int], layers_path: str = "model.layers") -> list[int]:
     """Delete the decoder layers in ``skip`` from ``model``, in place, and renumber the rest.
 
@@ -209,13 +228,7 @@ def delete_layers(model: torch.nn.Module, skip: Iterable[int], layers_path: str 
             f"no decoder layers at {layers_path!r} in {type(model).__name__}; set model.layers_path in the model's config"
         ) from e
     n = len(layers)
-    drop = frozenset(int(i) for i in skip)
-    bad = sorted(i for i in drop if not 0 <= i < n)
-    if bad:
-        raise CheckpointError(f"layer(s) {bad} out of range: the model has {n} layers (0..{n - 1})")
-    kept = [i for i in range(n) if i not in drop]
-    if not kept:
-        raise CheckpointError(f"the skip set deletes all {n} layers; nothing would be left to export")
+    kept = kept_layers(skip, n)
     setattr(parent, attr, torch.nn.ModuleList([layers[i] for i in kept]))
     for new, layer in enumerate(getattr(parent, attr)):
         for module in layer.modules():

@@ -43,6 +43,7 @@ from tss_opt.mapping.checkpoint import (
     check_exportable,
     entry_to_export,
     export_info,
+    kept_layers,
     summary_fields,
 )
 from tss_opt.mapping.format import DomainMapping, MappingEntry
@@ -455,13 +456,7 @@ def export_domain_gguf(
     source_name = _field(reader, "general.name")
     license_name = _field(reader, "general.license")
     del reader
-    drop = set(entry.skip_set)
-    bad = sorted(i for i in drop if not 0 <= i < num_layers)
-    if bad:
-        raise GGUFExportError(f"layer(s) {bad} out of range: the model has {num_layers} layers (0..{num_layers - 1})")
-    kept = [i for i in range(num_layers) if i not in drop]
-    if not kept:
-        raise GGUFExportError(f"the skip set deletes all {num_layers} layers; nothing would be left to export")
+    kept = kept_layers(entry.skip_set, num_layers, GGUFExportError)
     summary = GGUFExportSummary(
         **summary_fields(gguf_path, domain, entry, model_id, num_layers, len(kept), force),
         card=str(card_path),

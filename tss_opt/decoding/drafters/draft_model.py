@@ -27,7 +27,6 @@ from tss_opt.decoding.sizing import (
     ContextSized,
     load_or_measure_draft_cost,
     load_profile,
-    sized_chain,
 )
 from tss_opt.decoding.sizing.measure import draft_seconds_per_token
 from tss_opt.decoding.skip import SkipController
@@ -212,8 +211,7 @@ def sized_model_chain(
         target, cost_name, lambda: draft_seconds_per_token(target, make(max_tokens)), directory
     )
     accept = load_profile(profile, DraftModelDrafter.sizing_prior, directory)
-    sizer = ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
-                                                       token_s=token_s, directory=directory))
+    sizer = ContextSized.chain(target, accept, max_tokens=max_tokens, token_s=token_s, directory=directory)
     drafter = NoDrafter() if sizer.never_speculates else make(max(c.nodes for c in sizer.choices.values()))
     drafter.sizer = sizer
     return drafter

@@ -46,7 +46,6 @@ from tss_opt.decoding.sizing import (
     ContextSized,
     load_or_measure_draft_cost,
     load_profile,
-    sized_tree,
 )
 from tss_opt.decoding.sizing.measure import draft_seconds_per_level
 from tss_opt.decoding.tree import DraftTree
@@ -402,8 +401,8 @@ def sized_eagle(
                                         depth=depth),
         directory,
     )
-    sizer = ContextSized(target, lambda n: sized_tree(target, accept, prefix_len=n, max_depth=depth,
-                                                      draft_s=lambda t: level_s * t.max_depth, directory=directory))
+    sizer = ContextSized.tree(target, accept, max_depth=depth, draft_s=lambda t: level_s * t.max_depth,
+                              directory=directory)
     if sizer.never_speculates:
         drafter: Drafter = NoDrafter()
         drafter.sizer = sizer

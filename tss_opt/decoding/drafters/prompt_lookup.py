@@ -19,7 +19,7 @@ import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities
 from tss_opt.decoding.drafters.building import builds, fixed_size, need_target
-from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
+from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, load_profile
 from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -87,8 +87,7 @@ class PromptLookupDrafter(Drafter):
         ``0`` (no length pays) proposes nothing; the drafter keeps its capabilities as a TAPS
         member."""
         accept = load_profile(profile, cls.sizing_prior, directory)
-        sizer = ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
-                                                           directory=directory))
+        sizer = ContextSized.chain(target, accept, max_tokens=max_tokens, directory=directory)
         return cls(num_tokens=sizer.first.nodes, max_ngram=max_ngram, min_ngram=min_ngram, sizer=sizer)
 
 

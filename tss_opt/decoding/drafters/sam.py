@@ -21,7 +21,7 @@ from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter, VerifyFeedback
 from tss_opt.decoding.drafters.building import builds, fixed_size, need_target
 from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
-from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, load_profile, sized_chain
+from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, load_profile
 from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -227,8 +227,7 @@ def sized_match_chain(
     maximises expected tokens per second (the ``samd`` profile, else
     :attr:`SamdDrafter.sizing_prior`)."""
     accept = load_profile("samd", SamdDrafter.sizing_prior, directory)
-    return ContextSized(target, lambda n: sized_chain(target, accept, prefix_len=n, max_tokens=max_tokens,
-                                                      directory=directory))
+    return ContextSized.chain(target, accept, max_tokens=max_tokens, directory=directory)
 
 
 @builds(SamdDrafter)

@@ -21,7 +21,7 @@ import torch
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.drafters.building import builds, need_target
-from tss_opt.decoding.sizing import AUTO, RANK_PRIOR, ContextSized, load_profile, sized_tree
+from tss_opt.decoding.sizing import AUTO, RANK_PRIOR, ContextSized, load_profile
 from tss_opt.decoding.templates import (
     TemplateError,
     TreeTemplate,
@@ -245,8 +245,7 @@ class TokenRecycleDrafter(Drafter):
         :attr:`sizing_prior`). An empty template means that no tree pays there: those steps
         are plain decoding steps."""
         accept = load_profile("token_recycle", cls.sizing_prior, directory).truncated(top_k)
-        sizer = ContextSized(target, lambda n: sized_tree(target, accept, prefix_len=n, max_depth=max_depth,
-                                                          max_nodes=max_nodes, directory=directory))
+        sizer = ContextSized.tree(target, accept, max_depth=max_depth, max_nodes=max_nodes, directory=directory)
         return cls(template=sizer.first.template, top_k=top_k, keep_table=keep_table, sizer=sizer)
 
 

@@ -91,6 +91,24 @@ class ContextSized:
         fit = [b for b in buckets if b <= room] or [min(buckets)]
         self.choices: dict[int, TreeChoice] = {b: choose(b) for b in fit}
 
+    @classmethod
+    def chain(
+        cls, target: TargetModel, profile: AcceptanceProfile, *, max_tokens: int, token_s: float = 0.0,
+        directory: str | Path | None = None,
+    ) -> ContextSized:
+        """A chain drafter's sizes: :func:`sized_chain` per bucket."""
+        return cls(target, lambda n: sized_chain(target, profile, prefix_len=n, max_tokens=max_tokens, token_s=token_s,
+                                                 directory=directory))
+
+    @classmethod
+    def tree(
+        cls, target: TargetModel, profile: AcceptanceProfile, *, max_depth: int = 8, max_nodes: int | None = None,
+        draft_s: DraftSeconds = 0.0, directory: str | Path | None = None,
+    ) -> ContextSized:
+        """A tree drafter's sizes: :func:`sized_tree` per bucket."""
+        return cls(target, lambda n: sized_tree(target, profile, prefix_len=n, max_depth=max_depth, max_nodes=max_nodes,
+                                                draft_s=draft_s, directory=directory))
+
     def bucket(self, context_len: int) -> int:
         fits = [b for b in self.choices if b >= context_len]
         return min(fits) if fits else max(self.choices)

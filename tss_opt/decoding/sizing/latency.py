@@ -106,7 +106,7 @@ class LatencyTable:
         """Whether the host was busy when this was measured: more runnable work (1-minute load
         average) than CPUs. Such a table describes contention, not the machine: on the 2-core
         CPU of docs/engine.md, one node cost 1.8x a plain step at load 6-8 and 0.97x at 2.6."""
-        return self.load is not None and self.cpus is not None and self.load > self.cpus
+        return was_busy(self.load, self.cpus)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +165,12 @@ def _key_file(key: Mapping[str, str], directory: Path, prefix_len: int = 64) -> 
     # The 64-token table keeps its original name (tables cached before contexts existed).
     ctx = "" if prefix_len == 64 else f"-ctx{prefix_len}"
     return directory / f"latency-{slug}{ctx}.json"
+
+
+def was_busy(load: float | None, cpus: int | None) -> bool:
+    """The rule for every measured table: more runnable work (1-minute load average) than CPUs
+    when it was measured (unknown: not busy)."""
+    return load is not None and cpus is not None and load > cpus
 
 
 def host_load() -> tuple[float | None, int | None]:
