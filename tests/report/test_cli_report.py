@@ -8,6 +8,7 @@ import sqlite3
 
 import pytest
 from hydra import compose, initialize_config_dir
+from project_logs import project_messages
 
 from tss_opt.cli.report import report
 from tss_opt.config import config_dir, register_configs
@@ -60,7 +61,7 @@ def test_report_command_writes_everything_and_shows_progress(mapping, tmp_path, 
     data = json.loads((out / "heldout.json").read_text())
     assert [r["method"] for r in data["rows"]] == ["Native", "TSS"]
     assert data["rows"][1]["skip_set"] == list(rep.domains[0].entry["skip_set"])
-    msgs = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    msgs = project_messages(caplog, logging.INFO)
     assert any(m.startswith("domain 1/1: qa, 2 held-out prompts") for m in msgs)
     assert any(m.startswith("domain qa done") for m in msgs)
     # Per prompt: one line each, at DEBUG (issue 36: INFO keeps one line per domain).
