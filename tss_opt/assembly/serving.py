@@ -23,8 +23,9 @@ from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path
 if TYPE_CHECKING:
     from tss_opt.config.domain import DomainConfig
     from tss_opt.runtime.server.app import ServingState
+    from tss_opt.runtime.vllm_plugin.launch import VLLMLaunch
 
-__all__ = ["build_controller", "build_state", "chosen_domain", "with_serving_drafter"]
+__all__ = ["build_controller", "build_state", "build_vllm_launch", "chosen_domain", "with_serving_drafter"]
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +135,63 @@ def with_serving_drafter(cfg: DictConfig) -> DictConfig:
         cfg.drafter = OmegaConf.create(drafter)
     log.info("serving with drafter %s (num_tokens=%s; drafter=... chooses another)", drafter.get("name"), drafter.get("num_tokens"))
     return cfg
+
+
+def build_vllm_launch(cfg: DictConfig, vllm_args: list[str] | None = None) -> VLLMLaunch:
+    """Check everything vLLM's server would fail on late (vLLM, the host and key rule, the port,
+    the mapping against the model, the head size) and return what it starts with.
+
+    Args:
+        cfg: The serve command's configuration (``backend=vllm``).
+        vllm_args: vLLM options given after ``--`` (appended to ``cfg.vllm_args``).
+
+    Raises:
+        UsageError: vLLM missing, bad settings, a port in use, an unsupported head size.
+        MappingError: Missing, corrupt or other-model mapping.
+    """
+    import json
+    from pathlib import Path
+
+    from tss_opt.models.local_dir import checkpoint_dir
+    from tss_opt.models.loading import as_model_config, model_id_for
+    from tss_opt.runtime.server.run import check_bind
+    from tss_opt.runtime.server.settings import ServerSettings
+    from tss_opt.runtime.vllm_plugin.launch import VLLMLaunch, check_head_dim, check_vllm
+    from tss_opt.runtime.vllm_plugin.mapping_env import check_mapping
+
+    settings = ServerSettings.from_serve(serve_settings(cfg))
+    version = check_vllm()
+    port = settings.port or _free_port(settings.host)
+    check_bind(settings.host, port)
+    mc = as_model_config(cfg.model)
+    mapping = load_mapping(cfg.mapping_path)
+    model_dir = checkpoint_dir(mc)
+    hf = json.loads((Path(model_dir) / "config.json").read_text()) if Path(model_dir).is_dir() else {}
+    num_layers = int(hf.get("num_hidden_layers") or mc.num_layers)
+    check_mapping(mapping, num_layers, model_id_for(mc))
+    if hf:
+        check_head_dim(int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]), mc.device)
+    log.info(
+        "serving %s with vLLM %s (TSS plugin) on %s:%d; mapping %s: %s", mc.name, version, settings.host, port,
+        cfg.mapping_path, ", ".join(f"{d} -> {list(mapping.skip_set_for(d))}" for d in mapping.domains) or "no domains",
+    )
+    return VLLMLaunch(
+        model_dir=model_dir,
+        served_model_name=settings.served_model_name or str(mc.name),
+        model_id=model_id_for(mc),
+        dtype=mc.dtype,
+        host=settings.host,
+        port=port,
+        api_key=settings.api_key,
+        mapping_path=str(cfg.mapping_path),
+        system_prompts=domain_system_prompts(mapping.domains, chosen_domain(cfg)),
+        vllm_args=tuple([*(cfg.get("vllm_args") or []), *(vllm_args or [])]),
+    )
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host.strip("[]"), 0))
+        return int(s.getsockname()[1])

@@ -1,6 +1,7 @@
 """``python -m tss_opt.cli.serve [host=127.0.0.1] [port=8000] [mapping_path=...]`` starts the
 OpenAI-compatible HTTP server (docs/serving.md); with ``prompt="..." [request_domain=qa]`` it
-answers one request and exits.
+answers one request and exits. ``backend=vllm`` starts vLLM's OpenAI server with the TSS plugin
+instead (every argument after ``--`` goes to vLLM as given).
 
 One request is served the way the runtime does: the domain's skip set from the mapping file
 (``request_domain``, or detected by the domain router when it is not given; unknown domains
@@ -10,10 +11,13 @@ request's statistics. See docs/runtime.md.
 
 from __future__ import annotations
 
+import sys
+
 from omegaconf import DictConfig
 
 from tss_opt.cli.common import hydra_entry
 from tss_opt.cli.generate import format_stats
+from tss_opt.config.enums import ServeBackend
 from tss_opt.decoding.engine import GenerationResult
 from tss_opt.errors import UsageError
 from tss_opt.report.tables import format_skip_set
@@ -46,6 +50,19 @@ def describe(res: ControllerResult, controller: TSSController) -> str:
 def serve(cfg: DictConfig) -> ControllerResult | None:
     """With ``prompt=``: answer it and return the result; without: run the HTTP server until
     interrupted."""
+    if str(cfg.get("backend") or ServeBackend.native) == ServeBackend.vllm:
+        if cfg.get("prompt") is not None:
+            raise UsageError(
+                "backend=vllm starts vLLM's HTTP server; prompt= answers one request with the native "
+                "controller: drop one of them"
+            )
+        from tss_opt.assembly.serving import build_vllm_launch
+        from tss_opt.runtime.vllm_plugin.launch import exec_vllm
+
+        exec_vllm(build_vllm_launch(cfg, _VLLM_ARGS))
+        return None
+    if _VLLM_ARGS:
+        raise UsageError(f"arguments after `--` ({' '.join(_VLLM_ARGS)}) are vLLM's options: add backend=vllm")
     if cfg.get("prompt") is None:
         from tss_opt.assembly.serving import build_state
         from tss_opt.runtime.server import run_server
@@ -66,7 +83,18 @@ def serve(cfg: DictConfig) -> ControllerResult | None:
     return res
 
 
-main = hydra_entry(serve)
+# vLLM's own options: everything after `--` (Hydra would read them as its own flags).
+_VLLM_ARGS: list[str] = []
+_hydra_main = hydra_entry(serve)
+
+
+def main() -> None:
+    if "--" in sys.argv:
+        cut = sys.argv.index("--")
+        _VLLM_ARGS[:] = sys.argv[cut + 1 :]
+        sys.argv[:] = sys.argv[:cut]
+    _hydra_main()
+
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,7 @@ from typing import Any
 
 from tss_opt.errors import TSSError
 
-__all__ = ["Cost", "ExportFormat", "GGUFOutType", "Scope", "StrEnum", "Verification"]
+__all__ = ["Cost", "ExportFormat", "GGUFOutType", "Scope", "ServeBackend", "StrEnum", "Verification"]
 
 
 class StrEnum(str, Enum):
@@ -46,6 +46,15 @@ class Scope(StrEnum):
 
     verify = "verify"
     all = "all"
+
+
+class ServeBackend(StrEnum):
+    """What serves HTTP requests (``python -m tss_opt.cli.serve backend=...``): ``native`` (our
+    server: continuous batching with our drafters) or ``vllm`` (vLLM's OpenAI server with the
+    TSS plugin; docs/serving.md, "Serving with vLLM")."""
+
+    native = "native"
+    vllm = "vllm"
 
 
 class Cost(StrEnum):

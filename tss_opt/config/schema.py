@@ -12,7 +12,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from tss_opt.config.domain import DomainConfig
-from tss_opt.config.enums import Cost, ExportFormat, GGUFOutType, Scope, Verification
+from tss_opt.config.enums import Cost, ExportFormat, GGUFOutType, Scope, ServeBackend, Verification
 from tss_opt.config.model import ModelConfig
 from tss_opt.config.search import SearchSettings
 from tss_opt.config.serve import ServeSettings
@@ -129,6 +129,8 @@ class TSSConfig(ServeSettings):
     max_new_tokens: int | None = None
     request_domain: str | None = None  # serve: the request's domain label (None = detect)
     serve_lossy_entries: bool = True  # serve: a lossy mapping entry under its own rule (false: under verification)
+    backend: ServeBackend = ServeBackend.native  # serve: native (our server) or vllm (vLLM's server with the TSS plugin)
+    vllm_args: list[str] = field(default_factory=list)  # serve backend=vllm: vLLM's own options, as given (also after `--`)
 
     # evaluate
     json_out: str | None = None  # write the aggregate and per_prompt as JSON to this path

