@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.skip import SkipController
 
 
@@ -25,11 +25,11 @@ def greedy_no_cache(model, prompt: torch.Tensor, n: int, skip: Iterable[int] = (
 def greedy_dense_prefill(model, prompt: torch.Tensor, n: int, skip: Iterable[int] = ()) -> list[int]:
     """Scope "verify": a dense prefill, then one-token cached steps with ``skip`` bypassed."""
     cache = SkipAwareCache(config=model.config)
-    logits = model(input_ids=prompt[None], cache=cache, use_cache=True).logits[0, -1]
+    logits = model(input_ids=prompt[None], **with_cache(cache), use_cache=True).logits[0, -1]
     out = [int(logits.argmax())]
     with SkipController.for_model(model).apply(skip):
         for _ in range(n - 1):
             pos = torch.tensor([[len(prompt) + len(out) - 1]])
-            logits = model(input_ids=torch.tensor([[out[-1]]]), position_ids=pos, cache=cache, use_cache=True).logits[0, -1]
+            logits = model(input_ids=torch.tensor([[out[-1]]]), position_ids=pos, **with_cache(cache), use_cache=True).logits[0, -1]
             out.append(int(logits.argmax()))
     return out

@@ -9,13 +9,36 @@ layer, and :func:`keep_accepted` rolls back per layer to an absolute length.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from tss_opt.decoding.host_syncs import upload
+
+
+def _cache_keyword() -> str:
+    """The forward keyword that carries a KV cache into a transformers model or layer.
+
+    ``cache`` from transformers 5.2x on (``past_key_values`` deprecated there); before, as in
+    5.19 (the release vLLM 0.32 pins), it is ``past_key_values``, and ``cache=`` lands in
+    ``**kwargs`` unread: every forward then builds a fresh cache and attends to its own tokens
+    only, silently. Read once from Llama's signature, the convention every model follows.
+    """
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+CACHE_KEYWORD = _cache_keyword()
+
+
+def with_cache(cache: DynamicCache | None) -> dict[str, Any]:
+    """``{keyword: cache}`` for a model's or a decoder layer's forward (``**with_cache(c)``)."""
+    return {CACHE_KEYWORD: cache}
 
 
 class SkipAwareCache(DynamicCache):

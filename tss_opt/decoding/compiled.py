@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch._inductor.config
 
-from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate
+from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate, with_cache
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
@@ -100,7 +100,7 @@ def _layer_step(
     # The class's forward, not ``layer.forward``: the skip controller patches the instance
     # attribute, and skipping is decided outside the graph.
     return type(layer).forward(
-        layer, hidden, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+        layer, hidden, attention_mask=mask, position_ids=positions, **with_cache(cache), use_cache=True,
         position_embeddings=(cos, sin),
     )
 

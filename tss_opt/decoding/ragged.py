@@ -34,7 +34,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import RaggedPlan
 from tss_opt.decoding.target import TargetModel
@@ -197,7 +197,7 @@ def ragged_forward(target: TargetModel, rows: Sequence[RaggedRow]) -> list[RowOu
     both = upload(torch.stack([torch.cat(ids), torch.cat(pos)]), device)  # [2, T]
     with target.skipper.apply_ragged(plan), ragged_attention(target.model):
         out = target.decoder(
-            input_ids=both[0:1], position_ids=both[1:2], cache=cache, use_cache=True, **{_KWARG: cache}
+            input_ids=both[0:1], position_ids=both[1:2], **with_cache(cache), use_cache=True, **{_KWARG: cache}
         )
     hidden = out.last_hidden_state[0]  # [T, H]
     # The output head on the positions whose logits are used: a prompt's last, every slot of a step.

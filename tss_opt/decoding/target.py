@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.tree import DraftTree
@@ -106,7 +106,7 @@ class TargetModel:
         """
         ids = prompt_ids.to(self.device).unsqueeze(0)
         pos = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
-        out = self.decoder(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+        out = self.decoder(input_ids=ids, position_ids=pos, **with_cache(cache), use_cache=True)
         hidden = out.last_hidden_state[0]  # [P, H]
         return self.lm_head(hidden[-1:]), hidden
 
@@ -135,7 +135,7 @@ class TargetModel:
         both = upload(host, self.device)
         ids, pos = both[0:1], both[1:2]  # [1, n+1] each
         mask = self.tree_mask(tree, prefix_len)
-        out = self.decoder(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+        out = self.decoder(input_ids=ids, position_ids=pos, attention_mask=mask, **with_cache(cache), use_cache=True)
         hidden = out.last_hidden_state[0]  # [n+1, H]
         return self.lm_head(hidden), hidden
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import torch
 
 from tss_opt.decoding.budget import draft_depth_limit, prune_depth
-from tss_opt.decoding.cache import SkipAwareCache
+from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.drafter import Drafter, NoDrafter, VerifyFeedback
 from tss_opt.decoding.engine import SCOPES
 from tss_opt.decoding.protocol import DecodeProtocol
@@ -147,7 +147,7 @@ def _prefill(target: TargetModel, prompts: Sequence[torch.Tensor], keep_hidden: 
     cache = target.new_cache()
     out = target.decoder(
         input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=additive_mask(allowed.to(dev), target.dtype)[:, None],
-        cache=cache, use_cache=True,
+        **with_cache(cache), use_cache=True,
     )
     hidden = out.last_hidden_state  # [B, P, H]
     logits = target.lm_head(hidden[:, -1])  # [B, V]: left padding puts every prompt's end last
@@ -265,7 +265,7 @@ def grouped_greedy(
             pos = (lens + n - 1).unsqueeze(1).to(dev)  # [R, 1]: the fed token's position
             o = target.decoder(
                 input_ids=tok.unsqueeze(1), position_ids=pos, attention_mask=additive_mask(allowed, target.dtype)[:, None],
-                cache=cache, use_cache=True,
+                **with_cache(cache), use_cache=True,
             )
             h = o.last_hidden_state[:, -1]  # [R, H]
             if keep_hidden:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tss_opt.config.t2d import T2DError, T2DSettings
-from tss_opt.decoding.cache import SkipAwareCache, crop_to
+from tss_opt.decoding.cache import SkipAwareCache, crop_to, with_cache
 from tss_opt.decoding.skip import SkipController
 from tss_opt.models import LoadedModel
 
@@ -188,10 +188,10 @@ def decode_latency(
     pos = torch.tensor([[n]], device=model.device)
     times = []
     with ctx:
-        model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=x, **with_cache(cache), use_cache=True, logits_to_keep=1)
         for r in range(reps + 1):
             t0 = time.perf_counter()
-            model(input_ids=tok, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=tok, position_ids=pos, **with_cache(cache), use_cache=True, logits_to_keep=1)
             dt = time.perf_counter() - t0
             crop_to(cache, n)
             if r:  # the first step warms up

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tss_opt.config.drafters import DrafterConfigError
-from tss_opt.decoding.cache import SkipAwareCache, crop_to
+from tss_opt.decoding.cache import SkipAwareCache, crop_to, with_cache
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter
 from tss_opt.decoding.drafters.building import WeightCache, builds, fixed_size, need_target
 from tss_opt.decoding.host_syncs import upload
@@ -110,7 +110,7 @@ class DraftModelDrafter(Drafter):
         assert self._cache is not None
         start = self._cache.get_seq_length()
         pos = torch.arange(start, start + x.shape[1], device=self.device).unsqueeze(0)
-        out = self.model(input_ids=x, position_ids=pos, cache=self._cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=x, position_ids=pos, **with_cache(self._cache), use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
     def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:

@@ -23,6 +23,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from tss_opt.decoding.cache import with_cache
 from tss_opt.decoding.target import additive_mask as target_additive_mask
 
 
@@ -150,7 +151,7 @@ class EagleHead(nn.Module):
                 h,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                cache=cache,
+                **with_cache(cache),
                 use_cache=cache is not None,
                 position_embeddings=pos_emb,
             )
