@@ -152,8 +152,8 @@ def build_vllm_launch(cfg: DictConfig, vllm_args: list[str] | None = None) -> VL
     import json
     from pathlib import Path
 
-    from tss_opt.models.local_dir import checkpoint_dir
     from tss_opt.models.loading import as_model_config, model_id_for
+    from tss_opt.models.local_dir import checkpoint_dir
     from tss_opt.runtime.server.run import check_bind
     from tss_opt.runtime.server.settings import ServerSettings
     from tss_opt.runtime.vllm_plugin.launch import VLLMLaunch, check_head_dim, check_vllm
