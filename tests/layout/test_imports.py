@@ -111,7 +111,8 @@ def _resolve(dotted: str) -> str | None:
 
 def _string_refs(tree: ast.AST) -> set[str]:
     """Project modules named by string literals of ``tree`` (see the module docstring); a
-    docstring is no reference."""
+    docstring is no reference, nor a logger's name (``logging.getLogger("tss_opt.search")``:
+    a namespace for log lines, which imports nothing)."""
     docstrings = {
         id(node.body[0].value)
         for node in ast.walk(tree)
@@ -119,6 +120,13 @@ def _string_refs(tree: ast.AST) -> set[str]:
         and node.body
         and isinstance(node.body[0], ast.Expr)
         and isinstance(node.body[0].value, ast.Constant)
+    }
+    docstrings |= {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "getLogger"
+        for arg in node.args
     }
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -204,6 +212,7 @@ if TYPE_CHECKING:
 TRAINER = "tss_opt.cli.train_drafter.main"
 HINT = "run python -m tss_opt.cli.export first"
 LOG = "tss_opt.nothing_here"
+log = logging.getLogger("tss_opt.cli")
 TARGET = f"tss_opt.decoding.drafters.{'eagle'}"
 '''
     )
