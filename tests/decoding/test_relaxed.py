@@ -24,7 +24,6 @@ from tss_opt.decoding.verify.accept import (
 )
 from tss_opt.decoding.verify.arbitration import (
     FEATURES,
-    AlwaysTarget,
     ArbitrationPolicy,
     LogisticPolicy,
     ThresholdPolicy,
@@ -62,12 +61,12 @@ def _run(tiny64, prompt, verification, skip=(), temperature=0.0, drafter_tempera
 @pytest.mark.parametrize(
     "temperature,drafter_temperature", [(0.0, 0.0), (0.8, 0.0), (0.8, 0.8)], ids=["greedy", "coupled", "sampled"]
 )
-def test_w1_and_always_target_reproduce_exact(tiny64, prompt, skip, temperature, drafter_temperature):
+def test_w1_and_thresholds_of_one_reproduce_exact(tiny64, prompt, skip, temperature, drafter_temperature):
     exact = _run(tiny64, prompt, "exact", skip, temperature, drafter_temperature)
     assert exact.stats.draft_proposed > 0 and exact.stats.verification == "exact" and not exact.stats.lossy
     for verifier in (
         Verifier(Verification.diversed, weight=1.0),
-        Verifier(Verification.cospec, policy=AlwaysTarget()),
+        Verifier(Verification.cospec, policy=ThresholdPolicy(tau_draft=1.0, tau_target=1.0)),
     ):
         out = _run(tiny64, prompt, verifier, skip, temperature, drafter_temperature)
         assert out.tokens.tolist() == exact.tokens.tolist(), verifier.describe()

@@ -150,12 +150,12 @@ def test_prefill_reuse_is_lossless_and_only_in_verify_scope(tiny):
 def test_chunked_trial_equals_one_call_on_every_pooled_figure(tiny):
     """The search's chunked evaluation (early stopping) reports what one call over all prompts
     reports: accepted length and costs pooled over committed tokens, totals summed."""
-    from tss_opt.search.chunked import evaluate_skip_set
+    from tss_opt.search.chunked import ChunkedRun, drive
 
     ev = _evaluator(tiny, "qa", n=6, max_new=12)
     skip = frozenset({2})
     one = ev(skip)
-    chunked = evaluate_skip_set(ev, skip, num_prompts=6, chunk=2)
+    chunked = drive(ev, ChunkedRun(skip, num_prompts=6, chunk=2))
     m, extras = chunked.measurement, chunked.extras
     assert m.accept_length == pytest.approx(one["accept_length"], rel=1e-9)
     assert m.cost == pytest.approx(one["cost"], rel=1e-9)

@@ -1,9 +1,21 @@
-"""The layout's rules, read from the code's own imports (parsed with ``ast``, nothing imported).
+"""The layout's rules, read from the code's own imports and names (parsed with ``ast``, nothing
+imported).
 
-- No library module imports ``tss_opt.cli``: commands are thin wrappers over the library.
-- No import cycle between packages (each folder under ``tss_opt/`` is a package with its
-  subpackages; a top-level module such as ``tss_opt/errors.py`` is a unit of its own). Imports inside functions
-  count too; imports under ``if TYPE_CHECKING:`` do not (they never run).
+An edge from one module to another is an import (inside functions too; under
+``if TYPE_CHECKING:`` where a rule says so) or a *string reference*: a string literal that is a
+dotted path into the project (``"tss_opt.cli.train_drafter.train"``, a registry's or a
+``_target_``'s way of naming code without importing it), or whose f-string starts with one. A
+module may not name what it may not import. Prose that mentions a module (an error message
+telling the user to run ``python -m tss_opt.cli.export``, a docstring) is no edge. The shipped
+``conf/*.yaml`` are configuration, not library code: their ``_target_`` names anything.
+
+- The top layers are the commands (``tss_opt.cli``, ``tss_opt.__main__``) and, under them, the
+  assembly that builds a run from the composed configuration (``tss_opt.assembly``). Nothing
+  below a top layer imports or names it, not even under ``TYPE_CHECKING``.
+- No cycle between packages (each folder under ``tss_opt/`` is a package with its
+  subpackages; a top-level module such as ``tss_opt/errors.py`` is a unit of its own), counting
+  imports under ``TYPE_CHECKING`` and string references: a package that names another only for
+  its types or by a string still depends on it.
 - No import cycle between any two modules (strongly connected components of the module graph;
   ``from pkg import name`` is an edge to ``pkg/__init__``).
 - ``import tss_opt.config`` loads no torch, transformers, optuna, sqlalchemy or metric library.
@@ -12,6 +24,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -80,13 +93,75 @@ def _imports(tree: ast.AST, module: str, type_checking: bool = False) -> set[str
     return found
 
 
-def _graph(type_checking: bool = False) -> dict[str, set[str]]:
+# A string that is a dotted path into the project and nothing else (an f-string's leading part
+# ending in a dot counts: f"tss_opt.cli.{name}").
+_DOTTED = re.compile(r"tss_opt(?:\.[A-Za-z_]\w*)+(?:\.|:[A-Za-z_]\w*)?")
+
+
+def _resolve(dotted: str) -> str | None:
+    """The module or package a dotted path names (its longest prefix that is one), or ``None``
+    when nothing below ``tss_opt`` matches (a logger or key that merely starts with the name)."""
+    parts = dotted.split(":")[0].rstrip(".").split(".")
+    for n in range(len(parts), 1, -1):
+        p = PKG.parent / Path(*parts[:n])
+        if p.with_suffix(".py").exists() or (p / "__init__.py").exists():
+            return ".".join(parts[:n])
+    return None
+
+
+def _string_refs(tree: ast.AST) -> set[str]:
+    """Project modules named by string literals of ``tree`` (see the module docstring); a
+    docstring is no reference, nor a logger's name (``logging.getLogger("tss_opt.search")``:
+    a namespace for log lines, which imports nothing)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    docstrings |= {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "getLogger"
+        for arg in node.args
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            first = node.values[0] if node.values else None
+            texts = [first.value] if isinstance(first, ast.Constant) and isinstance(first.value, str) else []
+            prefix = True
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            texts, prefix = [node.value], False
+        else:
+            continue
+        for text in texts:
+            match = _DOTTED.fullmatch(text.strip()) if not prefix else _DOTTED.match(text)
+            if match is not None and (not prefix or match.end() == len(text)):
+                module = _resolve(match.group(0))
+                if module is not None:
+                    found.add(module)
+    return found
+
+
+def _graph(type_checking: bool = False, strings: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (under ``TYPE_CHECKING`` too with
+    ``type_checking``) and, with ``strings``, names by a string."""
     edges: dict[str, set[str]] = defaultdict(set)
     for path in sorted(PKG.rglob("*.py")):
         module = _module_name(path)
-        for imported in _imports(ast.parse(path.read_text(), str(path)), module, type_checking):
-            edges[module].add(imported)
+        tree = ast.parse(path.read_text(), str(path))
+        edges[module] |= _imports(tree, module, type_checking)
+        if strings:
+            edges[module] |= {m for m in _string_refs(tree) if m != module}
     return edges
+
+
+def _every_edge() -> dict[str, set[str]]:
+    return _graph(type_checking=True, strings=True)
 
 
 def _with_package_inits(edges: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -104,15 +179,56 @@ def _with_package_inits(edges: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
-def test_no_library_module_imports_the_cli() -> None:
-    offenders = sorted(
-        f"{m} imports {i}"
-        for m, imports in _graph().items()
-        if not (m == "tss_opt.__main__" or m == "tss_opt.cli" or m.startswith("tss_opt.cli."))
-        for i in imports
-        if i == "tss_opt.cli" or i.startswith("tss_opt.cli.")
+# The top layers, highest first: each may be imported or named only by itself and the ones above.
+TOP_LAYERS = ("tss_opt.__main__", "tss_opt.cli", "tss_opt.assembly")
+
+
+def _within(module: str, unit: str) -> bool:
+    return module == unit or module.startswith(unit + ".")
+
+
+def _upward_edges(edges: dict[str, set[str]]) -> list[str]:
+    out = []
+    for m, named in edges.items():
+        for i in named:
+            for rank, top in enumerate(TOP_LAYERS):
+                if _within(i, top) and not any(_within(m, t) for t in TOP_LAYERS[: rank + 1]):
+                    out.append(f"{m} -> {i}")
+    return sorted(out)
+
+
+def test_nothing_below_a_top_layer_imports_or_names_it() -> None:
+    assert _upward_edges(_every_edge()) == []
+
+
+def test_upward_edge_check_can_fail() -> None:
+    # A drafter naming a command by string, the runtime importing the assembly for a type, a
+    # command using the assembly (allowed) and the assembly naming a command (not).
+    tree = ast.parse(
+        '''"""Docstring naming tss_opt.cli.train_drafter: prose."""
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from tss_opt.assembly import Assembly
+TRAINER = "tss_opt.cli.train_drafter.main"
+HINT = "run python -m tss_opt.cli.export first"
+LOG = "tss_opt.nothing_here"
+log = logging.getLogger("tss_opt.cli")
+TARGET = f"tss_opt.decoding.drafters.{'eagle'}"
+'''
     )
-    assert offenders == []
+    assert _string_refs(tree) == {"tss_opt.cli.train_drafter", "tss_opt.decoding.drafters"}
+    assert _imports(tree, "tss_opt.runtime.router_setup", type_checking=True) == {"tss_opt.assembly"}
+    edges = {
+        "tss_opt.decoding.drafters.eagle": _string_refs(tree),
+        "tss_opt.runtime.router_setup": {"tss_opt.assembly"},
+        "tss_opt.cli.serve": {"tss_opt.assembly.serving"},
+        "tss_opt.assembly.runtime": {"tss_opt.cli.common"},
+    }
+    assert _upward_edges(edges) == [
+        "tss_opt.assembly.runtime -> tss_opt.cli.common",
+        "tss_opt.decoding.drafters.eagle -> tss_opt.cli.train_drafter",
+        "tss_opt.runtime.router_setup -> tss_opt.assembly",
+    ]
 
 
 def _package_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -143,8 +259,10 @@ def _package_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-def test_no_import_cycle_between_packages() -> None:
-    assert _package_cycles(_graph()) == []
+def test_no_cycle_between_packages() -> None:
+    # Counting imports under TYPE_CHECKING and string references: a package that names another
+    # for its types or by a dotted path still depends on it.
+    assert _package_cycles(_every_edge()) == []
 
 
 def test_cycle_check_can_fail() -> None:
@@ -222,10 +340,10 @@ def test_no_import_cycle_between_modules() -> None:
 
 
 def test_no_import_cycle_at_any_scale() -> None:
-    # Issue 33: no cycle even counting imports inside functions, imports under TYPE_CHECKING and
-    # the package __init__ an import runs first (tree_sizing once closed a lazy cycle through
-    # decoding/drafters/__init__, training/data and training/generated one under TYPE_CHECKING).
-    assert _module_cycles(_with_package_inits(_graph(type_checking=True))) == []
+    # No cycle even counting imports inside functions, imports under TYPE_CHECKING, string
+    # references and the package __init__ an import runs first: a lazy import (or a lazy
+    # re-export by name) breaks no cycle, it only postpones it to the first call.
+    assert _module_cycles(_with_package_inits(_every_edge())) == []
 
 
 def test_package_init_edges_can_close_a_cycle() -> None:

@@ -47,7 +47,7 @@ def test_shared_prefix_is_left_out(fitted, ids):
 
 
 def test_routes_near_prompts_home_and_generic_ones_to_dense(fitted, ids):
-    assert fitted.domains == ["qa", "translation"] and fitted.has_background
+    assert fitted.domains == ["qa", "translation"] and BACKGROUND in fitted.classes
     for text, want in [
         ("question 7: who wrote the book number 7?", "qa"),
         ("translate german to english: das haus nummer 8 ist gross", "translation"),
@@ -74,7 +74,7 @@ def test_calibrated_thresholds_keep_every_fitting_prompt(tiny_target, ids):
         "digits": [ids(" ".join(str(i * j) for j in range(12))) for i in range(1, 5)],
     }
     router = DomainRouter.fit(tiny_target, prompts)
-    assert not router.has_background and set(router.thresholds) == {"qa", "digits"}
+    assert BACKGROUND not in router.classes and set(router.thresholds) == {"qa", "digits"}
     for domain, ps in prompts.items():
         assert [router.route(p).domain for p in ps] == [domain] * len(ps)
     far = router.route(ids("}}}}~~~~~^^^^^^||||||||@@@@@@@@@@"))
@@ -128,7 +128,7 @@ def test_routing_accuracy_counts_every_heldout_prompt(tiny, tiny_target, tmp_pat
         domains.append(load_domain({"name": name, "data": str(tmp_path / f"{name}.jsonl"), "metric": "token_f1",
                                     "pool_size": 8, "calibration_size": 4, "validation_size": 0, "heldout_size": 4}))
     router = DomainRouter.fit_domains(tiny_target, tiny.tokenizer, domains)
-    assert router.has_background and router.domains == ["math", "qa"]
+    assert BACKGROUND in router.classes and router.domains == ["math", "qa"]
     rep = routing_accuracy(router, tiny.tokenizer, domains, progress=False)
     assert rep.total == 8 and {d: sum(row.values()) for d, row in rep.confusion.items()} == {"qa": 4, "math": 4}
     assert rep.accuracy == pytest.approx(sum(rep.confusion[d].get(d, 0) for d in rep.confusion) / 8)

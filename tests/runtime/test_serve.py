@@ -13,7 +13,7 @@ from tss_opt.assembly.serving import build_controller
 from tss_opt.cli.serve import serve
 from tss_opt.config import config_dir, register_configs
 from tss_opt.mapping import MappingError
-from tss_opt.runtime import router_cache_path
+from tss_opt.runtime import BACKGROUND, router_cache_path
 
 SKIPS = {"qa": [1], "translation": [2, 3]}
 
@@ -56,7 +56,7 @@ def test_from_config_fits_the_router_once_and_reuses_it(write_mapping, caplog):
     again = build_controller(cfg)
     assert any("router: loaded" in r.getMessage() for r in caplog.records)
     assert again.router.thresholds == pytest.approx(c.router.thresholds)
-    assert again.router.has_background
+    assert BACKGROUND in again.router.classes
     res = again.generate("Translate German to English: Das Haus ist groß.")
     assert res.similarity is not None
     assert res.skip_set == again.skip_set_for(res.domain)

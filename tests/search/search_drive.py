@@ -1,6 +1,6 @@
 """A pure, in-memory driver of Algorithm 1 for many-seed tests (no Optuna, no storage).
 
-It mirrors the worker: ``plan_search`` says what to evaluate, ``evaluate_skip_set`` evaluates
+It mirrors the worker: ``plan_search`` says what to evaluate, ``chunked.drive`` evaluates
 (in chunks with early stopping when asked), ``select`` picks S*.
 """
 
@@ -17,7 +17,8 @@ from tss_opt.search.algorithm import (
     feasibility_for,
     plan_search,
 )
-from tss_opt.search.chunked import evaluate_skip_set
+from tss_opt.search.chunked import ChunkedRun
+from tss_opt.search.chunked import drive as evaluate
 from tss_opt.search.feasibility import PairedFeasibility
 from tss_opt.search.selection import select
 
@@ -42,17 +43,16 @@ def drive(evaluator: Any, settings: SearchSettings, *, early: bool = False) -> D
             break
         for c in plan.frontier:
             if not early:
-                ev = evaluate_skip_set(evaluator, c)
+                ev = evaluate(evaluator, ChunkedRun(c))
             else:
                 rule = plan.thresholds if c and isinstance(plan.thresholds, PairedFeasibility) else None
                 pool = None
                 if rule is not None and len(c) == 1:
                     assert plan.baseline is not None
                     pool = feasibility_for(plan.baseline, settings, metric_higher_is_better=hib, pool=True)
-                ev = evaluate_skip_set(
-                    evaluator, c, num_prompts=evaluator.num_prompts,
-                    chunk=settings.early_stop_chunk, rule=rule, pool_rule=pool,
-                )
+                ev = evaluate(evaluator, ChunkedRun(
+                    c, num_prompts=evaluator.num_prompts, chunk=settings.early_stop_chunk, rule=rule, pool_rule=pool,
+                ))
             results[c] = ev.measurement
             prompts += ev.prompts_used or 0
             if ev.early_stopped:

@@ -22,7 +22,8 @@ from search_noisy import RATE_EFFECTS, NoisyLandscape
 
 from tss_opt.search import SearchSettings, load_result, run_search
 from tss_opt.search.algorithm import Config, SearchPlan, feasibility_for, plan_search
-from tss_opt.search.chunked import evaluate_skip_set
+from tss_opt.search.chunked import ChunkedRun
+from tss_opt.search.chunked import drive as evaluate
 from tss_opt.search.feasibility import (
     PairedFeasibility,
     PerPrompt,
@@ -85,7 +86,7 @@ def test_futility_is_wrong_at_most_one_minus_confidence() -> None:
     rng = random.Random(2)
     conf, N, chunk = 0.9, 16, 4
     looks = N // chunk - 1
-    look_conf = 1 - (1 - conf) / (2 * looks)  # as chunked.evaluate_skip_set corrects it
+    look_conf = 1 - (1 - conf) / (2 * looks)  # as chunked.ChunkedRun corrects it
     zeros = [0.0] * N
     wrong = passed = stopped = 0
     runs = 4000
@@ -160,10 +161,10 @@ def drive(ev: Any, settings: SearchSettings, mode: str) -> Run:
                 if len(c) == 1:
                     assert plan.baseline is not None
                     pool = feasibility_for(plan.baseline, settings, metric_higher_is_better=hib, pool=True)
-            e = evaluate_skip_set(
-                ev, c, num_prompts=ev.num_prompts, chunk=settings.early_stop_chunk, rule=rule, pool_rule=pool,
+            e = evaluate(ev, ChunkedRun(
+                c, num_prompts=ev.num_prompts, chunk=settings.early_stop_chunk, rule=rule, pool_rule=pool,
                 futility=mode == "futility",
-            )
+            ))
             results[c] = e.measurement
             prompts += e.prompts_used or 0
             if e.early_stopped:
@@ -314,7 +315,7 @@ def test_why_qa_stopped_nothing() -> None:
     ev, rule = QaLike(4), drive(QaLike(4), s, "full").plan.thresholds
     assert isinstance(rule, PairedFeasibility)
     singles = [F({i}) for i in range(2, 29)]
-    used = [evaluate_skip_set(ev, c, num_prompts=16, chunk=4, rule=rule, futility=True) for c in singles]
+    used = [evaluate(ev, ChunkedRun(c, num_prompts=16, chunk=4, rule=rule, futility=True)) for c in singles]
     assert (sum(e.early_stopped for e in used), sum(16 - (e.prompts_used or 16) for e in used)) == (12, 72)
 
 

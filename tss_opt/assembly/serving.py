@@ -21,7 +21,10 @@ from tss_opt.runtime.controller import TSSController, check_mapping_model, domai
 from tss_opt.runtime.router_setup import load_or_fit_router, router_cache_path
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from tss_opt.config.domain import DomainConfig
+    from tss_opt.runtime.router import DomainRouter
     from tss_opt.runtime.server.app import ServingState
     from tss_opt.runtime.vllm_plugin.launch import VLLMLaunch
 
@@ -36,6 +39,14 @@ def chosen_domain(cfg: DictConfig) -> DomainConfig | None:
 
     node = cfg.get("domain")
     return None if node is None else to_domain_config(node)
+
+
+def _router(rt: Assembly, mapping_path: str, extra_domains: Iterable[str] = ()) -> DomainRouter:
+    """The loaded model's router, cached next to the mapping file (``router.<model>.json``)."""
+    model_id = rt.loaded.model_id
+    return load_or_fit_router(
+        rt.target, rt.loaded.tokenizer, model_id, router_cache_path(mapping_path, model_id), extra_domains
+    )
 
 
 def build_controller(
@@ -71,7 +82,7 @@ def build_controller(
     router = None
     # With no mapped domain every request runs dense: no need to fit a router.
     if with_router and mapping.entries:
-        router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id), mapping.domains)
+        router = _router(rt, cfg.mapping_path, mapping.domains)
     entry_rules = bool(cfg.get("serve_lossy_entries", True))
     for d, e in sorted(mapping.entries.items()):
         if entry_rules and e.lossy:
@@ -113,7 +124,7 @@ def build_state(cfg: DictConfig) -> ServingState:
     if controller.router is None:
         # An empty mapping needs no router yet, but a search may fill it while the server
         # runs (it is reloaded): fit the router now rather than on a request or a restart.
-        controller.router = load_or_fit_router(rt, router_cache_path(cfg.mapping_path, rt.loaded.model_id))
+        controller.router = _router(rt, cfg.mapping_path)
     name = settings.served_model_name or str(cfg.model.name)
     depth = draft_depth_policy(settings, rt.target, rt.loaded.model_id)
     return ServingState(controller, settings, name, str(cfg.mapping_path), depth)

@@ -98,7 +98,7 @@ class TSSConfig(ServeSettings):
     domain: DomainConfig | None = None
     drafter: Any = None  # conf/drafter/*.yaml; None = the model's default_drafter
     search: SearchPreset = field(default_factory=SearchPreset)
-    evaluator: Any = field(default_factory=lambda: {"_target_": "tss_opt.assembly.build_evaluator"})
+    evaluator: Any = None  # conf/evaluator/*.yaml (config.yaml's defaults list picks auto)
 
     storage: str | None = None  # SQL URL; None = sqlite:///storage/tss.db
     study_name: str | None = None  # None = derived from model, drafter, domain, split, settings

@@ -2,15 +2,10 @@
 
 The drafter contract (:class:`Drafter`) sits beside the tree it produces (:class:`DraftTree`);
 the drafters themselves live in the subpackage :mod:`tss_opt.decoding.drafters`,
-which imports this package and is never imported by it (no cycle). Verification rules, exact
-and relaxed, are in :mod:`tss_opt.decoding.verify`.
-
-``build_drafter`` is re-exported lazily (PEP 562 ``__getattr__``): importing it eagerly here
-would make this package import its own ``drafters`` subpackage, which imports this package.
+which imports this package and is never imported by it (no cycle): build drafters with
+:func:`tss_opt.decoding.drafters.build_drafter`. Verification rules, exact and relaxed, are in
+:mod:`tss_opt.decoding.verify`.
 """
-
-import importlib
-from typing import Any
 
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.engine import (
@@ -27,7 +22,6 @@ from tss_opt.decoding.tree import ROOT, DraftTree
 
 __all__ = [
     "ROOT",
-    "build_drafter",
     "SCOPES",
     "ContextLengthError",
     "DecodeProtocol",
@@ -45,8 +39,3 @@ __all__ = [
     "validate_skip",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "build_drafter":
-        return importlib.import_module("tss_opt.decoding.drafters.registry").build_drafter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -212,9 +212,7 @@ def format_prompt(
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         messages.append({"role": "user", "content": example.prompt})
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        # transformers 5 returns a BatchEncoding (a Mapping); older versions a list of ids.
-        ids = out["input_ids"] if isinstance(out, Mapping) else out
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
     else:
         text = f"{system_prompt}\n\n{example.prompt}" if system_prompt else example.prompt
         ids = tokenizer(text)["input_ids"]

@@ -30,14 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.config.objectives import ACCEPT_LENGTH
+from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
-from tss_opt.report.intervals import (
-    DEFAULT_LEVEL,
-    DEFAULT_RESAMPLES,
-    Interval,
-    bootstrap_ratio,
-    paired_difference,
-)
+from tss_opt.report.intervals import Interval, bootstrap_ratio, paired_difference
 from tss_opt.search.tolerance import metric_tolerance
 
 if TYPE_CHECKING:
@@ -84,8 +79,8 @@ def heldout_stats(
     native: EvalResult,
     tss: EvalResult,
     *,
-    level: float = DEFAULT_LEVEL,
-    resamples: int = DEFAULT_RESAMPLES,
+    level: float = REPORT_LEVEL,
+    resamples: int = REPORT_RESAMPLES,
     seed: int = 0,
 ) -> HeldoutStats:
     """The paired intervals of :class:`HeldoutStats` from both results' per-prompt records.

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.drafters.registry import distribution_drafters
@@ -39,7 +40,7 @@ from tss_opt.evaluation.protocol import protocol_for_domain
 from tss_opt.mapping.rule import entry_verifier
 from tss_opt.progress import progress_bar
 from tss_opt.report.assessment import domain_verdict, heldout_stats, validation_prediction
-from tss_opt.report.intervals import DEFAULT_LEVEL, DEFAULT_RESAMPLES, check_level
+from tss_opt.report.intervals import check_level
 from tss_opt.report.results import DomainComparison, HeldoutReport, ReportError
 
 if TYPE_CHECKING:
@@ -254,8 +255,8 @@ def run_heldout(
     prompts: int | None = None,
     max_new_tokens: int | None = None,
     show_progress: bool = True,
-    level: float = DEFAULT_LEVEL,
-    resamples: int = DEFAULT_RESAMPLES,
+    level: float = REPORT_LEVEL,
+    resamples: int = REPORT_RESAMPLES,
     seed: int = 0,
     eps_metric: float = 0.05,
     relative: bool = True,
@@ -380,8 +381,8 @@ def run_heldout(
 def assess(
     comp: DomainComparison,
     *,
-    level: float = DEFAULT_LEVEL,
-    resamples: int = DEFAULT_RESAMPLES,
+    level: float = REPORT_LEVEL,
+    resamples: int = REPORT_RESAMPLES,
     seed: int = 0,
     eps_metric: float = 0.05,
     relative: bool = True,

@@ -44,11 +44,7 @@ import numpy as np
 from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.search.feasibility import paired_bound
 
-__all__ = ["DEFAULT_LEVEL", "DEFAULT_RESAMPLES", "Interval", "bootstrap_ratio", "check_level", "paired_difference"]
-
-# The configuration's defaults (one value each), under the names the report uses.
-DEFAULT_LEVEL = REPORT_LEVEL
-DEFAULT_RESAMPLES = REPORT_RESAMPLES
+__all__ = ["Interval", "bootstrap_ratio", "check_level", "paired_difference"]
 
 NAN = float("nan")
 
@@ -74,9 +70,6 @@ class Interval:
     n: int
     resamples: int | None = None
     seed: int | None = None
-
-    def contains(self, x: float) -> bool:
-        return self.lower <= x <= self.upper
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -115,7 +108,7 @@ def _pair(tss: Sequence[float], native: Sequence[float]) -> tuple[list[float], l
     return [float(x) for x in tss], [float(x) for x in native]
 
 
-def paired_difference(tss: Sequence[float], native: Sequence[float], level: float = DEFAULT_LEVEL) -> Interval:
+def paired_difference(tss: Sequence[float], native: Sequence[float], level: float = REPORT_LEVEL) -> Interval:
     """Mean of ``tss_i - native_i`` with its two-sided Student-t interval (module docstring)."""
     a, b = _pair(tss, native)
     level = check_level(level)
@@ -135,9 +128,9 @@ def _ratio(a: Sequence[float], b: Sequence[float]) -> float:
 def bootstrap_ratio(
     tss: Sequence[float],
     native: Sequence[float],
-    level: float = DEFAULT_LEVEL,
+    level: float = REPORT_LEVEL,
     *,
-    resamples: int = DEFAULT_RESAMPLES,
+    resamples: int = REPORT_RESAMPLES,
     seed: int = 0,
 ) -> Interval:
     """``mean(tss) / mean(native)`` with a seeded paired percentile bootstrap interval.
@@ -154,7 +147,7 @@ def bootstrap_ratio(
     a, b = _pair(tss, native)
     level = check_level(level)
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
-        raise ValueError(f"report_bootstrap={resamples!r} is too small; expected an integer >= 100 (default {DEFAULT_RESAMPLES})")
+        raise ValueError(f"report_bootstrap={resamples!r} is too small; expected an integer >= 100 (default {REPORT_RESAMPLES})")
     n = len(a)
     est = _ratio(a, b)
     if n < 2:

@@ -189,10 +189,6 @@ class DomainRouter:
         self.model_id = model_id
         self.fingerprint = fingerprint
 
-    @property
-    def has_background(self) -> bool:
-        return BACKGROUND in self.classes
-
     # ----------------------------------------------------------------------------- fitting
     @classmethod
     def fit(

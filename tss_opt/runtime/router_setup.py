@@ -9,13 +9,13 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tss_opt.runtime.background import BACKGROUND_PROMPTS
 from tss_opt.runtime.router import DomainRouter, RouterError, domains_fingerprint
 
 if TYPE_CHECKING:
-    from tss_opt.assembly import Assembly
+    from tss_opt.decoding.target import TargetModel
     from tss_opt.evaluation.domains import Domain
 
 __all__ = ["load_or_fit_router", "router_cache_path", "router_domains"]
@@ -60,16 +60,26 @@ def router_domains(extra: Iterable[str] = (), config_dirs: Sequence[str | os.Pat
     return out
 
 
-def load_or_fit_router(rt: Assembly, path: Path, extra_domains: Iterable[str] = ()) -> DomainRouter:
+def load_or_fit_router(
+    target: TargetModel, tokenizer: Any, model_id: str, path: Path, extra_domains: Iterable[str] = ()
+) -> DomainRouter:
     """The cached router at ``path`` if it matches the model and the domains' prompts, else a
-    new one fitted on the domains' calibration prompts (one dense forward each) and saved."""
+    new one fitted on the domains' calibration prompts (one dense forward each) and saved.
+
+    Args:
+        target: The loaded target (the router reads its hidden states).
+        tokenizer: Its tokenizer (formats the calibration prompts).
+        model_id: The model's id (:attr:`LoadedModel.model_id`): a cached router fitted on
+            another model is refitted.
+        path: The cache file (:func:`router_cache_path`).
+        extra_domains: Domains that must be included (the mapped ones).
+    """
     domains = router_domains(extra_domains)
     if not domains:
         raise RouterError("no domain configs found to fit the router on; add conf/domain/*.yaml or pass request_domain=...")
-    model_id = rt.loaded.model_id
     if path.is_file():
         try:
-            router = DomainRouter.load(path, rt.target, model_id=model_id)
+            router = DomainRouter.load(path, target, model_id=model_id)
             if router.fingerprint == domains_fingerprint(domains, "calibration", BACKGROUND_PROMPTS):
                 log.info("router: loaded %s (%s)", path, ", ".join(router.domains))
                 return router
@@ -77,7 +87,7 @@ def load_or_fit_router(rt: Assembly, path: Path, extra_domains: Iterable[str] = 
         except RouterError as e:
             log.warning("router: %s; refitting", e)
     log.info("router: fitting on the calibration prompts of %s", ", ".join(d.name for d in domains))
-    router = DomainRouter.fit_domains(rt.target, rt.loaded.tokenizer, domains, model_id=model_id)
+    router = DomainRouter.fit_domains(target, tokenizer, domains, model_id=model_id)
     router.save(path)
     log.info("router: saved %s", path)
     return router

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ValidationDecision", "decide_validation", "run_validation", "validation_line"]
 
-log = logging.getLogger("tss_opt.cli")
+log = logging.getLogger("tss_opt.search")
 
 
 @dataclass(frozen=True)

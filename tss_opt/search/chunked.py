@@ -49,7 +49,7 @@ from tss_opt.search.algorithm import Config, Measurement, canonical
 from tss_opt.search.contract import EvaluatorError, measurement_from
 from tss_opt.search.feasibility import PairedFeasibility, PerPrompt
 
-__all__ = ["ChunkedRun", "TrialEvaluation", "drive", "evaluate_skip_set", "evaluate_skip_sets", "merge_chunks"]
+__all__ = ["ChunkedRun", "TrialEvaluation", "drive", "evaluate_skip_sets", "merge_chunks"]
 
 
 @dataclass
@@ -74,42 +74,14 @@ class TrialEvaluation:
     calls: int = 1
 
 
-def evaluate_skip_set(
-    evaluator: Any,
-    config: Config,
-    *,
-    num_prompts: int | None = None,
-    chunk: int = 4,
-    rule: PairedFeasibility | None = None,
-    pool_rule: PairedFeasibility | None = None,
-    futility: bool = False,
-) -> TrialEvaluation:
-    """Evaluate ``config``: one plain call, or chunks of ``chunk`` prompts with early stopping.
-
-    Args:
-        evaluator: The evaluator.
-        config: The skip set.
-        num_prompts: ``None``: call ``evaluator(config)`` once. Else evaluate prompts
-            ``0 .. num_prompts-1`` through ``prompt_ids=`` in chunks.
-        chunk: Prompts per chunk.
-        rule: The paired rule; after each chunk but the last, a set it finds hopeless stops.
-            ``None`` (dense baseline, or no early stopping): every prompt is evaluated.
-        pool_rule: The tau rule, given for level-1 sets (see ``PairedFeasibility.hopeless``).
-        futility: Also stop a set whose final verdict can no longer pass
-            (``PairedFeasibility.futile``); needs ``rule``.
+def drive(evaluator: Any, run: ChunkedRun) -> TrialEvaluation:
+    """Evaluate one skip set: run ``run`` to its end with one evaluator call per step (one
+    plain call, or one per chunk of prompts with early stopping; see :class:`ChunkedRun`).
 
     Raises:
         EvaluatorError: A chunk's answer is malformed or its ``per_prompt`` length differs
             from the prompts asked for.
     """
-    return drive(
-        evaluator,
-        ChunkedRun(config, num_prompts=num_prompts, chunk=chunk, rule=rule, pool_rule=pool_rule, futility=futility),
-    )
-
-
-def drive(evaluator: Any, run: ChunkedRun) -> TrialEvaluation:
-    """Run ``run`` to its end with one evaluator call per step."""
     skip = frozenset(run.config)
     while (ids := run.next_ids()) is not False:
         run.add(evaluator(skip) if ids is None else evaluator(skip, prompt_ids=ids))
@@ -123,8 +95,8 @@ def evaluate_skip_sets(group_call: Any, runs: Sequence[ChunkedRun]) -> list[Tria
     ``chunk``), so the runs still going are measured by one
     ``group_call(skips, prompt_ids=ids)`` (a list of evaluator answers, one per skip set);
     a run that stops early drops out of the group and the rest continue. Each run's result
-    equals :func:`evaluate_skip_set` of it alone, since the evaluator's per-prompt answers do
-    not depend on the group.
+    equals :func:`drive` of it alone, since the evaluator's per-prompt answers do not depend
+    on the group.
     """
     while True:
         asking = [(run, run.next_ids()) for run in runs]
@@ -144,11 +116,22 @@ def evaluate_skip_sets(group_call: Any, runs: Sequence[ChunkedRun]) -> list[Tria
 
 class ChunkedRun:
     """The chunk-by-chunk evaluation of one skip set, driven from outside
-    (:func:`evaluate_skip_set` alone, :func:`evaluate_skip_sets` in a group).
+    (:func:`drive` alone, :func:`evaluate_skip_sets` in a group).
 
     ``next_ids()`` says what to evaluate next: ``None`` for one plain call over all prompts, a
     list of prompt indices for the next chunk, or ``False`` when done; ``add(answer)`` takes
-    the evaluator's answer for it. Arguments as :func:`evaluate_skip_set`'s.
+    the evaluator's answer for it.
+
+    Args:
+        config: The skip set.
+        num_prompts: ``None``: call ``evaluator(config)`` once. Else evaluate prompts
+            ``0 .. num_prompts-1`` through ``prompt_ids=`` in chunks.
+        chunk: Prompts per chunk.
+        rule: The paired rule; after each chunk but the last, a set it finds hopeless stops.
+            ``None`` (dense baseline, or no early stopping): every prompt is evaluated.
+        pool_rule: The tau rule, given for level-1 sets (see ``PairedFeasibility.hopeless``).
+        futility: Also stop a set whose final verdict can no longer pass
+            (``PairedFeasibility.futile``); needs ``rule``.
     """
 
     def __init__(

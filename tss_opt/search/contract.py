@@ -19,7 +19,6 @@ from tss_opt.search.feasibility import PER_PROMPT_DECIMALS, PerPrompt
 
 __all__ = [
     "PER_PROMPT_KEYS",
-    "REQUIRED_KEYS",
     "Evaluator",
     "EvaluatorError",
     "EvaluatorInfo",
@@ -30,7 +29,6 @@ __all__ = [
     "to_json",
 ]
 
-REQUIRED_KEYS = OBJECTIVE_NAMES
 # Keys of one per-prompt entry: required (the paired objectives), then optional.
 PER_PROMPT_KEYS = (*PAIRED_OBJECTIVES, "tokens", "repetition")
 
@@ -116,21 +114,21 @@ def measurement_from(result: Any, skip: frozenset[int]) -> tuple[Measurement, di
     if not isinstance(result, Mapping):
         raise EvaluatorError(
             f"The evaluator returned {type(result).__name__} for skip set {shown}; expected a "
-            f"mapping with keys {', '.join(REQUIRED_KEYS)}."
+            f"mapping with keys {', '.join(OBJECTIVE_NAMES)}."
         )
     values: dict[str, float] = {}
-    for key in REQUIRED_KEYS:
+    for key in OBJECTIVE_NAMES:
         if key not in result:
             raise EvaluatorError(
                 f"The evaluator's result for skip set {shown} lacks '{key}' (got keys "
-                f"{sorted(map(str, result))}); expected {', '.join(REQUIRED_KEYS)}."
+                f"{sorted(map(str, result))}); expected {', '.join(OBJECTIVE_NAMES)}."
             )
         values[key] = _finite(result[key], key, shown)
     tps = result.get("tokens_per_s")
     tokens_per_s = None if tps is None else _finite(tps, "tokens_per_s", shown)
     per_prompt = per_prompt_from(result.get("per_prompt"), shown)
     extras = {
-        str(k): to_json(v) for k, v in result.items() if k not in REQUIRED_KEYS and k != "per_prompt"
+        str(k): to_json(v) for k, v in result.items() if k not in OBJECTIVE_NAMES and k != "per_prompt"
     }
     return Measurement(tokens_per_s=tokens_per_s, per_prompt=per_prompt, **values), extras
 

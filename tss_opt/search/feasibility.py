@@ -31,7 +31,7 @@ Method (analytic and deterministic, no resampling):
   ``-delta`` (or the repetition lower bound is above its limit): at the same confidence the
   true mean is worse than the tolerance, so the remaining prompts would have to overturn a
   significant result. A set stopped early is never feasible. The caller
-  (:func:`tss_opt.search.chunked.evaluate_skip_set`) runs this test at a Bonferroni-corrected
+  (:class:`tss_opt.search.chunked.ChunkedRun`) runs this test at a Bonferroni-corrected
   confidence over its interim looks.
 - **Futility stop** (:meth:`PairedFeasibility.futile`, issue 21): after ``n`` of ``N``
   prompts, a set also stops when the *final* verdict can no longer pass, even where the true

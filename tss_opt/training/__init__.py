@@ -1,8 +1,10 @@
-"""Training drafters for a target by self-distillation (issue 12): the training text of a
-domain (:mod:`~tss_opt.training.data`), the target's features of it
-(:mod:`~tss_opt.training.features`), the EAGLE-1 head trainer (:mod:`~tss_opt.training.eagle`)
-and T2D, a drafter pruned and distilled from the target (:mod:`~tss_opt.training.t2d`, imported
-on demand). The command is ``python -m tss_opt.cli.train_drafter``."""
+"""Training drafters for a target by self-distillation: the training text of a domain
+(:mod:`~tss_opt.training.data`), the target's features of it (:mod:`~tss_opt.training.features`),
+the EAGLE-1 head trainer (:mod:`~tss_opt.training.eagle`) and T2D, a drafter pruned and
+distilled from the target (:mod:`~tss_opt.training.t2d`, imported on demand). The command
+``python -m tss_opt.cli.train_drafter`` hands one run's values
+(:class:`~tss_opt.training.job.TrainingJob`) to the trainer of the chosen drafter
+(:mod:`~tss_opt.training.trainers`, imported on demand)."""
 
 from tss_opt.training.common import (
     Budget,

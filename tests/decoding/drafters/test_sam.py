@@ -49,7 +49,7 @@ def brute_force(s: list[int]) -> tuple[int, int]:
 )
 def test_hand_made_matches(text: str, expected: tuple[int, int], continuation: str) -> None:
     sam = SuffixAutomaton(ids(text))
-    assert sam.longest_match() == expected
+    assert (sam.match_length, sam.match_end) == expected
     assert sam.continuation(5) == ids(continuation)
 
 
@@ -61,13 +61,13 @@ def test_running_match_equals_brute_force_on_every_prefix() -> None:
         sam = SuffixAutomaton()
         for i, t in enumerate(s):
             sam.extend(t)
-            assert sam.longest_match() == brute_force(s[: i + 1]), s[: i + 1]
-    assert len(sam) == len(s) and sam.num_states <= 2 * len(s)
+            assert (sam.match_length, sam.match_end) == brute_force(s[: i + 1]), s[: i + 1]
+    assert len(sam) == len(s) and len(sam.length) <= 2 * len(s)  # states
 
 
 def test_large_token_ids() -> None:
     sam = SuffixAutomaton([49151, 7, 30000, 49151, 7])
-    assert sam.longest_match() == (2, 1)
+    assert (sam.match_length, sam.match_end) == (2, 1)
     assert sam.continuation(10) == [30000, 49151, 7]
 
 
@@ -133,7 +133,7 @@ def test_samd_new_request_rebuilds_the_automaton() -> None:
     d.reset(torch.tensor(ids("abcabc")))
     assert d.propose(torch.tensor(ids("abcabc"))).tokens.tolist() == ids("abc")
     d.reset(torch.tensor(ids("xyz")))
-    assert len(d.sam) == 3 and d.sam.longest_match() == (0, -1)
+    assert len(d.sam) == 3 and (d.sam.match_length, d.sam.match_end) == (0, -1)
     # A shorter context without reset also starts over instead of reading stale tokens.
     assert d.propose(torch.tensor(ids("xy"))) is d.fallback.tree  # type: ignore[attr-defined]
 

@@ -1,6 +1,7 @@
 """What every drafter builder shares: the marker that declares what a builder builds (its class,
-hence its capabilities, and how the drafter is trained, if it is), the size settings (``auto``
-or a positive integer) and the cache of weights a drafter only reads.
+hence its capabilities), the size settings (``auto`` or a positive integer) and the cache of
+weights a drafter only reads. How a drafter is trained, if it is, is the training layer's
+(:mod:`tss_opt.training.trainers`, which names the builders it trains).
 
 A builder lives in its drafter's module, takes ``(target, loaded, **settings)`` (and
 ``weights``, a :class:`WeightCache`, when it loads weights) and is named by ``_target_`` in
@@ -24,15 +25,12 @@ __all__ = ["DrafterBuilder", "WeightCache", "builds", "fixed_size", "need_target
 DrafterBuilder = Callable[..., "Drafter"]
 
 
-def builds(drafter_class: type, *, trainer: str | None = None) -> Callable[[DrafterBuilder], DrafterBuilder]:
-    """Declare what a builder returns: ``drafter_class`` (whose ``capabilities`` can then be
-    read from a config before anything is built) and, for a drafter trained from the target,
-    ``trainer``: the dotted path of the command function that trains it (``train_drafter``
-    resolves it; a string, so no lower layer imports a command)."""
+def builds(drafter_class: type) -> Callable[[DrafterBuilder], DrafterBuilder]:
+    """Declare what a builder returns: ``drafter_class``, whose ``capabilities`` can then be
+    read from a config before anything is built."""
 
     def mark(builder: DrafterBuilder) -> DrafterBuilder:
         builder.drafter_class = drafter_class  # type: ignore[attr-defined]
-        builder.trainer = trainer  # type: ignore[attr-defined]
         return builder
 
     return mark

@@ -292,7 +292,7 @@ def build_draft_model(
                         return_probs=return_probs, max_tokens=max_tokens, drafter="draft_model")
 
 
-@builds(DraftModelDrafter, trainer="tss_opt.cli.train_drafter.train_t2d_command")
+@builds(DraftModelDrafter)
 def build_t2d(
     target: TargetModel,
     loaded: LoadedModel,

@@ -414,7 +414,7 @@ def sized_eagle(
                         return_probs=return_probs, sizer=sizer)
 
 
-@builds(EagleDrafter, trainer="tss_opt.cli.train_drafter.train_eagle_command")
+@builds(EagleDrafter)
 def build_eagle(
     target: TargetModel,
     loaded: LoadedModel,

@@ -2,7 +2,7 @@
 
 Each drafter module declares its builder (marked with
 :func:`~tss_opt.decoding.drafters.building.builds`: the class it returns, so its
-``capabilities``, and its trainer if it trains), its capabilities and its sizing prior; its
+``capabilities``), its capabilities and its sizing prior; its
 defaults live once, in ``conf/drafter/<name>.yaml``, read into a
 :class:`~tss_opt.config.drafters.DrafterSpec` by the config layer. Adding a drafter: write the
 class and its builder (in its module, or anywhere importable), add ``conf/drafter/<name>.yaml``
@@ -29,9 +29,8 @@ __all__ = [
     "available_drafters",
     "build_drafter",
     "distribution_drafters",
+    "drafter_builder",
     "drafter_capabilities",
-    "drafter_trainer",
-    "trainable_drafters",
 ]
 
 
@@ -46,6 +45,15 @@ def _builder(path: str) -> DrafterBuilder:
     return builder  # type: ignore[no-any-return]
 
 
+def drafter_builder(cfg: DrafterSpec | Mapping[str, Any]) -> DrafterBuilder:
+    """The builder of the drafter ``cfg`` describes (its ``_target_``, or its shipped file's).
+
+    Raises:
+        DrafterConfigError: unknown drafter name, or a builder that cannot be imported.
+    """
+    return _builder(DrafterSpec.from_config(cfg).builder)
+
+
 def drafter_capabilities(cfg: DrafterSpec | Mapping[str, Any]) -> DrafterCapabilities | None:
     """The class-level capabilities of the drafter ``cfg`` builds (its builder marked with
     ``builds``), without building it; ``None`` when the builder names no class.
@@ -56,14 +64,8 @@ def drafter_capabilities(cfg: DrafterSpec | Mapping[str, Any]) -> DrafterCapabil
     Raises:
         DrafterConfigError: unknown drafter name, or a builder that cannot be imported.
     """
-    cls = getattr(_builder(DrafterSpec.from_config(cfg).builder), "drafter_class", None)
+    cls = getattr(drafter_builder(cfg), "drafter_class", None)
     return None if cls is None else cls.capabilities
-
-
-def drafter_trainer(cfg: DrafterSpec | Mapping[str, Any]) -> str | None:
-    """The dotted path of the command that trains the drafter ``cfg`` builds (its builder's
-    declaration), or ``None`` for a drafter that is not trained."""
-    return getattr(_builder(DrafterSpec.from_config(cfg).builder), "trainer", None)
 
 
 def distribution_drafters() -> list[str]:
@@ -75,11 +77,6 @@ def distribution_drafters() -> list[str]:
         if caps is not None and caps.distribution:
             out.append(name)
     return out
-
-
-def trainable_drafters() -> list[str]:
-    """The shipped drafters whose builder declares a trainer (``train_drafter`` trains them)."""
-    return [name for name in available_drafters() if drafter_trainer({"name": name})]
 
 
 def build_drafter(

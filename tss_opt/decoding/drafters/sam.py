@@ -59,14 +59,6 @@ class SuffixAutomaton:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
-    def num_states(self) -> int:
-        return len(self.length)
-
-    def longest_match(self) -> tuple[int, int]:
-        """``(length, end)`` of the longest earlier match of the current suffix (``(0, -1)``: none)."""
-        return self.match_length, self.match_end
-
     def continuation(self, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` tokens that followed the earlier occurrence of the match."""
         if self.match_length == 0:

@@ -2,9 +2,9 @@
 target's (``verification=cospec``, lossy; issue 13).
 
 A policy sees :func:`mismatch_features` of both distributions at the mismatch and answers
-"keep the draft token". :class:`AlwaysTarget` is exact verification; :class:`ThresholdPolicy`
-is the fixed baseline; :class:`LogisticPolicy` is the learned one (trained with REINFORCE by
-:func:`tss_opt.training.relaxed.train_cospec_policy`).
+"keep the draft token". :class:`ThresholdPolicy` is the fixed baseline (with both thresholds at
+1 it never keeps one: exact verification token for token); :class:`LogisticPolicy` is the
+learned one (trained with REINFORCE by :func:`tss_opt.training.relaxed.train_cospec_policy`).
 
 :class:`LinearFeaturePolicy` holds what every learned rule over :data:`FEATURES` shares (the
 weights, the training episodes, the JSON file with its ``kind``): CoSpec's
@@ -78,15 +78,6 @@ class ArbitrationPolicy(ABC):
         Args:
             features: ``(len(FEATURES),)`` from :func:`mismatch_features`.
         """
-
-
-class AlwaysTarget(ArbitrationPolicy):
-    """Never keeps the draft: CoSpec with this policy is exact verification token for token."""
-
-    name = "always_target"
-
-    def keep_draft(self, features: torch.Tensor) -> bool:
-        return False
 
 
 class ThresholdPolicy(ArbitrationPolicy):

@@ -6,7 +6,8 @@ draft token from both distributions at that token: the same :data:`FEATURES` as 
 arbitration (``p_target(x)``, ``p_draft(x)``, ``p_target(y)``, ``p_draft(y)`` with ``y`` the
 target's token, i.e. its argmax when greedy, and both normalised entropies).
 
-- :class:`FixedWeight`: one ``w`` everywhere (the searched per-domain weight as a policy).
+A fixed ``w`` is no policy: it is ``Verifier(weight=w)``, one number per domain.
+
 - :class:`LearnedWeight`: ``w = sigmoid(theta . features)``, trained on calibration prompts by
   :func:`tss_opt.training.relaxed.train_diversed_weight` (REINFORCE with a logit-normal
   exploration: while training, ``z ~ N(theta . features, sigma^2)`` and ``w = sigmoid(z)``).
@@ -45,19 +46,6 @@ class WeightPolicy(ABC):
             features: ``torch.DoubleTensor`` of shape ``(len(FEATURES),)`` from
                 :func:`tss_opt.decoding.verify.arbitration.mismatch_features`.
         """
-
-
-class FixedWeight(WeightPolicy):
-    """The same ``w`` for every token (``FixedWeight(1.0)`` is exact verification)."""
-
-    def __init__(self, w: float) -> None:
-        if not 0.0 <= float(w) <= 1.0:
-            raise TSSError(f"DIVERSED weight w={w} is outside [0, 1]; give a value in [0, 1]")
-        self.w = float(w)
-        self.name = f"{self.w:.2f}"
-
-    def weight(self, features: torch.Tensor) -> float:
-        return self.w
 
 
 def _logit(w: float) -> float:

@@ -16,7 +16,7 @@ verification accepts, and more:
   where exact verification rejects ``x``.
 - ``cospec``: at the first mismatch of a step an :class:`ArbitrationPolicy` sees features of
   both distributions and keeps the draft's token or the target's; afterwards the exact rule
-  continues. :class:`AlwaysTarget` is exact verification token for token.
+  continues. :class:`ThresholdPolicy` with both thresholds at 1 is exact verification token for token.
 
 On a rejection the committed token is always the target's (its argmax, its coupled draw or the
 residual draw), so the output differs from exact decoding only through kept draft tokens.

@@ -106,11 +106,6 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
 class Message(_Strict):
     """One chat message; OpenAI's content parts are joined when all of them are text."""
 
