@@ -24,7 +24,7 @@ def main(job_path: str, out_path: str) -> None:
 
     kwargs: dict = {}
     if job.get("tss"):
-        from tss_opt.runtime.vllm_plugin import llm_kwargs
+        from tss_opt.runtime.vllm_plugin.registration import llm_kwargs
 
         kwargs = llm_kwargs(job.get("mapping"), job.get("model_id"))
     kwargs.update(job.get("engine") or {})  # the job's settings win (enforce_eager=False: the guard)

@@ -37,7 +37,7 @@ def run_job(job: dict[str, Any], tmp: Path, name: str, timeout: float = 900) -> 
         capture_output=True, text=True, timeout=timeout,
     )
     if proc.returncode != 0:
-        return {"failed": True, "returncode": proc.returncode, "stderr": proc.stderr[-20000:]}
+        return {"failed": True, "returncode": proc.returncode, "stderr": proc.stderr}
     return json.loads(out_path.read_text())
 
 

@@ -64,7 +64,11 @@ class VLLMLaunch:
 
     def argv(self) -> list[str]:
         """vLLM's command line (after ``python -m vllm.entrypoints.openai.api_server``)."""
-        from tss_opt.runtime.vllm_plugin.names import ARCHITECTURE, MIDDLEWARE, WORKER_EXTENSION
+        from tss_opt.runtime.vllm_plugin.registration import (
+            ARCHITECTURE,
+            MIDDLEWARE,
+            WORKER_EXTENSION,
+        )
 
         owned = [a for a in self.vllm_args if a.split("=", 1)[0] in _OWNED]
         if owned:

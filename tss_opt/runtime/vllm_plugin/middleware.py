@@ -124,11 +124,15 @@ class TSSMiddleware:
 
     # --------------------------------------------------------------------------------- ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self._authorized(scope):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope.get("path", ""), scope.get("method", "")
         if path == COUNTS_PATH and method == "GET":
+            if not self._authorized(scope):
+                return await _send_json(send, 401, {"error": {"message": "Unauthorized", "code": 401}})
             return await self._counts(scope, send)
+        if not self._authorized(scope):  # vLLM answers 401 before anything reads the body
+            return await self.app(scope, receive, send)
         kind = GENERATION_PATHS.get(path)
         if kind is None or method != "POST":
             return await self.app(scope, receive, send)

@@ -34,7 +34,7 @@ from vllm.config import CompilationMode, VllmConfig
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from vllm.model_executor.models.utils import extract_layer_index
 
-from tss_opt.runtime.vllm_plugin import adapter
+import tss_opt.runtime.vllm_plugin.adapter as adapter
 from tss_opt.runtime.vllm_plugin.mapping_env import check_mapping_for_model
 from tss_opt.runtime.vllm_plugin.names import ARCHITECTURE
 from tss_opt.runtime.vllm_plugin.plan import LayerKind, current_plan

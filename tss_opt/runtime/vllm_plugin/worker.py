@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tss_opt.runtime.vllm_plugin import adapter
+import tss_opt.runtime.vllm_plugin.adapter as adapter
 
 __all__ = ["TSSWorkerExtension"]
 
