@@ -17,6 +17,7 @@ from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
     from tss_opt.config import ModelConfig
+    from tss_opt.config.schema import RelaxedSettings
     from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.decoding.verify.relaxed import Verifier
     from tss_opt.evaluation.domains import Domain
@@ -131,6 +132,19 @@ def build_verifier(cfg: DictConfig, drafter_cfg: dict[str, Any] | None = None) -
         return Verifier(mode)
     check_distribution_drafter(mode, drafter_cfg if drafter_cfg is not None else drafter_config(cfg))
     return verifier_from_settings(mode, relaxed_settings(cfg))
+
+
+def relaxed_config(cfg: DictConfig) -> RelaxedSettings:
+    """The ``relaxed`` group as its typed :class:`~tss_opt.config.schema.RelaxedSettings`
+    (the rules' settings and ``tune_verification``'s)."""
+    from tss_opt.config.schema import RelaxedSettings
+
+    relaxed = cfg.get("relaxed")
+    if relaxed is None:
+        return RelaxedSettings()
+    values = OmegaConf.to_container(relaxed, resolve=True)
+    assert isinstance(values, dict)
+    return RelaxedSettings(**values)
 
 
 def relaxed_settings(cfg: DictConfig) -> dict[str, Any]:
