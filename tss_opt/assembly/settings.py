@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.decoding.verify.relaxed import Verifier
     from tss_opt.evaluation.domains import Domain
+    from tss_opt.search.tolerance import MetricTolerance
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -166,6 +167,17 @@ def check_distribution_drafter(mode: Any, drafter: dict[str, Any]) -> None:
     caps = drafter_capabilities(drafter)  # the drafter class's declaration, nothing built
     if caps is None or not caps.distribution:
         raise refuse_drafter(mode, str(drafter.get("name")), distribution_drafters())
+
+
+def metric_tolerance(cfg: DictConfig) -> MetricTolerance:
+    """The search's metric tolerance (``search.eps_metric``, ``search.relative``,
+    ``search.eps_metric_abs``) as one value, for the commands that judge a metric against
+    dense after the search (``report``, ``tune_verification``). Read as given, without the
+    search's own range checks: a tuning may ask for a gain the search could not."""
+    from tss_opt.search.tolerance import MetricTolerance
+
+    s = cfg.search
+    return MetricTolerance(float(s.eps_metric), bool(s.relative), float(s.eps_metric_abs))
 
 
 def search_settings(cfg: DictConfig) -> SearchSettings:

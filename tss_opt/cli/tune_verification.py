@@ -30,15 +30,14 @@ from tss_opt.assembly import (
     build_evaluator,
     check_distribution_drafter,
     drafter_config,
+    metric_tolerance,
     relaxed_config,
     require_domain,
-    search_settings,
 )
 from tss_opt.cli.common import hydra_entry
 from tss_opt.config import Verification
 from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.errors import UsageError
-from tss_opt.search.tolerance import MetricTolerance
 
 if TYPE_CHECKING:
     from tss_opt.training.relaxed_choice import RelaxedChoice
@@ -80,9 +79,8 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
         "tuning verification=%s for %s on %d calibration prompts x %d tokens, skip %s (from %s), drafter %s",
         mode, domain.name, ev.num_prompts, ev.max_new_tokens, sorted(skip), source, rt.drafter_cfg.get("name"),
     )
-    search = search_settings(cfg)
     choice = tune_relaxed(
-        ev, mode, skip, rs, tolerance=MetricTolerance.of(search), confidence=float(search.confidence)
+        ev, mode, skip, rs, tolerance=metric_tolerance(cfg), confidence=float(cfg.search.confidence)
     )
     saved = choice.save_learned(Path(rs.out_dir) / rt.loaded.config.name, domain.name)
     print(
