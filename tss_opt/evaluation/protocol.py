@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.config.identity import identity_field, identity_of
-from tss_opt.decoding.protocol import DecodeProtocol
 
 if TYPE_CHECKING:
+    # Types only: naming a study needs no model code (the assembly imports this module).
+    from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.evaluation.domains import Domain
 
 __all__ = ["ENGINE_EVALUATOR", "StudyProtocol", "protocol_for_domain"]
