@@ -49,14 +49,13 @@ def measure(domain: str, tokens: int, skips: list[frozenset[int]], threads: int)
     """Per skip set, the per-prompt figures on calibration + validation at ``tokens`` tokens."""
     import torch
 
-    from tss_opt.assembly import assemble, compose_config, require_domain
-    from tss_opt.assembly.evaluators import build_replay_evaluator
+    from tss_opt.assembly import assemble, build_evaluator, compose_config, require_domain
 
     torch.set_num_threads(threads)
     cfg = compose_config([f"+domain={domain}", f"search.max_new_tokens={tokens}", "search.prompts=null"])
     rt = assemble(cfg)
     dom = require_domain(cfg)
-    evs = [build_replay_evaluator(cfg, rt, split=s, domain=dom) for s in ("calibration", "validation")]
+    evs = [build_evaluator(cfg, "replay", runtime=rt, split=s, domain=dom) for s in ("calibration", "validation")]
     for ev in evs:
         ev.show_progress = False
     out: dict[str, object] = {}

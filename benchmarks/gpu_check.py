@@ -249,8 +249,10 @@ def engine_vs_replay(rep: Report, model_cfg: dict[str, Any], label: str, tokens:
 
     from tss_opt.config import config_dir
     from tss_opt.decoding.drafters import PromptLookupDrafter
+    from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.evaluation.domains import load_domain
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+    from tss_opt.evaluation.prompt_set import PromptSet
     from tss_opt.evaluation.replay import ReplayEvaluator
 
     loaded = load_model(model_cfg)
@@ -268,12 +270,12 @@ def engine_vs_replay(rep: Report, model_cfg: dict[str, Any], label: str, tokens:
         rep.skip(f"engine vs replay, {label}", f"no {domain} calibration prompt fits the context of {target.max_context}")
         return
     eos = [int(loaded.tokenizer.eos_token_id)] if loaded.tokenizer.eos_token_id is not None else []
-    common = dict(max_new_tokens=tokens, show_progress=False, eos_token_ids=eos)
+    prompts = PromptSet(ex, dom.metric, DecodeProtocol(max_new_tokens=tokens, eos_token_ids=eos))
     evs = {
-        "engine": SpecDecodeEvaluator(target, loaded.tokenizer, lambda: PromptLookupDrafter(num_tokens=10), ex,
-                                      dom.metric, **common),
+        "engine": SpecDecodeEvaluator(target, loaded.tokenizer, lambda: PromptLookupDrafter(num_tokens=10), prompts,
+                                      show_progress=False),
         f"replay bs={batch_size}": ReplayEvaluator(target, loaded.tokenizer, lambda: PromptLookupDrafter(num_tokens=10),
-                                                   ex, dom.metric, batch_size=batch_size, **common),
+                                                   prompts, batch_size=batch_size, show_progress=False),
     }
     sparse = frozenset(sparse_set(loaded.num_layers))
     for skip in (frozenset(), sparse):

@@ -29,6 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from tss_opt.assembly import assemble, compose_config, require_domain  # noqa: E402
 from tss_opt.decoding.drafters import PromptLookupDrafter  # noqa: E402
+from tss_opt.decoding.protocol import DecodeProtocol  # noqa: E402
+from tss_opt.evaluation.prompt_set import PromptSet  # noqa: E402
 from tss_opt.evaluation.replay import ReplayEvaluator  # noqa: E402
 from tss_opt.progress import progress_bar  # noqa: E402
 
@@ -55,10 +57,12 @@ def main() -> None:
     rt = assemble(cfg)
     dom = require_domain(cfg)
     ex = dom.split("calibration")[: args.prompts]
+    protocol = DecodeProtocol(
+        max_new_tokens=args.max_new_tokens, eos_token_ids=rt.eos_token_ids, system_prompt=dom.config.system_prompt
+    )
     ev = ReplayEvaluator(
-        rt.target, rt.loaded.tokenizer, lambda: PromptLookupDrafter(num_tokens=10), ex, dom.metric,
-        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, eos_token_ids=rt.eos_token_ids,
-        show_progress=False, system_prompt=dom.config.system_prompt,
+        rt.target, rt.loaded.tokenizer, lambda: PromptLookupDrafter(num_tokens=10), PromptSet.of(dom, ex, protocol),
+        batch_size=args.batch_size, show_progress=False,
     )
     print(
         f"{len(ex)} {args.domain} prompts x {args.max_new_tokens} tokens, prompt lookup (10), replay batch "

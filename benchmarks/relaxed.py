@@ -30,9 +30,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tss_opt.assembly import assemble, build_evaluator, compose_config  # noqa: E402
+from tss_opt.assembly import assemble, build_evaluator, compose_config, prompt_set  # noqa: E402
+from tss_opt.config.schema import RelaxedSettings  # noqa: E402
 from tss_opt.decoding.verify.arbitration import ThresholdPolicy  # noqa: E402
 from tss_opt.decoding.verify.relaxed import Verifier  # noqa: E402
+from tss_opt.search.tolerance import MetricTolerance  # noqa: E402
 from tss_opt.training.relaxed import dense_reference  # noqa: E402
 from tss_opt.training.relaxed_choice import RelaxedChoice, tune_relaxed  # noqa: E402
 
@@ -76,6 +78,12 @@ def drafter_overrides(args: argparse.Namespace) -> tuple[list[str], str]:
         f"eagle (head {args.checkpoint}; tree total_tokens={args.eagle_total_tokens}, depth={args.eagle_depth}, "
         f"top_k={args.eagle_top_k})",
     )
+
+
+def _prompts(cfg, rt, split: str, count: int, tokens: int):  # noqa: ANN001
+    """``count`` prompts of ``split`` decoded for ``tokens`` tokens under the configured protocol."""
+    ps = prompt_set(cfg, rt, split=split, count=count)
+    return ps.replace(protocol=ps.protocol.replace(max_new_tokens=tokens))
 
 
 def _best_fixed(choice: RelaxedChoice) -> float:
@@ -151,12 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         rt = rt or assemble(cfg)
         skip = frozenset(parse_layers(args.tss_skip) if args.tss_skip is not None else mapped_skip(args.mapping, domain))
-        cal = build_evaluator(cfg, runtime=rt, split="calibration", prompts=args.calib_prompts)
-        cal.max_new_tokens, cal.show_progress = args.calib_tokens, False
-        rule = dict(eps=args.eps, confidence=args.confidence, epochs=args.epochs)
+        cal = build_evaluator(cfg, "engine", runtime=rt, prompts=_prompts(cfg, rt, "calibration", args.calib_prompts,
+                                                                          args.calib_tokens))
+        cal.show_progress = False
+        settings = RelaxedSettings(weights=weights, epochs=args.epochs)
+        rule = dict(tolerance=MetricTolerance(args.eps), confidence=args.confidence)
         ref = dense_reference(cal)
-        div = tune_relaxed(cal, "diversed", skip, weights=weights, reference=ref, **rule)
-        cos = tune_relaxed(cal, "cospec", skip, reference=ref, **rule)
+        div = tune_relaxed(cal, "diversed", skip, settings, reference=ref, **rule)
+        cos = tune_relaxed(cal, "cospec", skip, settings, reference=ref, **rule)
         tune_s = time.perf_counter() - t_dom
         out = [f"## {domain} (metric {cal.metric_name}; TSS skip set {sorted(skip)})",
                f"calibration dense exact: A={ref.accept_length:.3f} {cal.metric_name}={ref.metric:.4f} "
@@ -167,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                f"(tuning {tune_s:.0f}s)"]
         w = _best_fixed(div)
         feasible = {c.name: c.judged.feasible for ch in (div, cos) for c in ch.candidates}
-        held = build_evaluator(cfg, runtime=rt, split="heldout", prompts=args.prompts)
-        held.max_new_tokens, held.show_progress = args.max_new_tokens, False
+        held = build_evaluator(cfg, "engine", runtime=rt, prompts=_prompts(cfg, rt, "heldout", args.prompts,
+                                                                           args.max_new_tokens))
+        held.show_progress = False
         methods = [
             ("exact", None, Verifier("exact")),
             (f"DIVERSED searched w={w:.2f}", "exact" if w >= 1.0 else f"fixed w={w:.2f}", Verifier("diversed", weight=w)),

@@ -27,7 +27,9 @@ sys.path.insert(0, str(REPO))
 
 from tss_opt.assembly import assemble, compose_config, require_domain  # noqa: E402
 from tss_opt.decoding.drafters import PromptLookupDrafter  # noqa: E402
+from tss_opt.decoding.protocol import DecodeProtocol  # noqa: E402
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator  # noqa: E402
+from tss_opt.evaluation.prompt_set import PromptSet  # noqa: E402
 from tss_opt.evaluation.replay import ReplayEvaluator  # noqa: E402
 from tss_opt.progress import progress_bar  # noqa: E402
 
@@ -38,16 +40,19 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[str]:
     cfg = compose_config([f"dtype={dtype}", f"+domain={args.domain}", "drafter=pld"])
     rt = assemble(cfg)
     dom = require_domain(cfg)
-    ex = dom.split("calibration")[: args.prompts]
-    common = dict(
-        max_new_tokens=args.max_new_tokens, eos_token_ids=rt.eos_token_ids, show_progress=False,
-        system_prompt=dom.config.system_prompt, scope=args.scope,
+    protocol = DecodeProtocol(
+        max_new_tokens=args.max_new_tokens, eos_token_ids=rt.eos_token_ids, system_prompt=dom.config.system_prompt,
+        scope=args.scope,
     )
+    prompts = PromptSet.of(dom, dom.split("calibration")[: args.prompts], protocol)
+    ex = prompts.examples
     factory = lambda: PromptLookupDrafter(num_tokens=10)  # noqa: E731
-    evs: dict[str, object] = {"engine": SpecDecodeEvaluator(rt.target, rt.loaded.tokenizer, factory, ex, dom.metric, **common)}
+    evs: dict[str, object] = {
+        "engine": SpecDecodeEvaluator(rt.target, rt.loaded.tokenizer, factory, prompts, show_progress=False)
+    }
     for b in args.batch_sizes:
         evs[f"replay bs={b}"] = ReplayEvaluator(
-            rt.target, rt.loaded.tokenizer, factory, ex, dom.metric, batch_size=b, **common
+            rt.target, rt.loaded.tokenizer, factory, prompts, batch_size=b, show_progress=False
         )
     lines = []
     # One unit per evaluation (warm-up included); drawn on a terminal only (stderr).

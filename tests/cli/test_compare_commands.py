@@ -74,7 +74,7 @@ def test_replay_throughput_is_never_shown_as_a_decoding_speed():
                              calibration={"accept_length": 2.0, "metric": 0.1, "tokens_per_s": 49.3}, curve=[])
 
     replay, engine = row(), row()
-    cfg = OmegaConf.create({"evaluator": {"_target_": "tss_opt.assembly.build_replay_evaluator"}})
+    cfg = OmegaConf.create({"evaluator": {"kind": "replay"}})
     assert hide_replay_speed(cfg, [replay]) == REPLAY_NOTE and replay.calibration["tokens_per_s"] is None
-    cfg = OmegaConf.create({"evaluator": {"_target_": "tss_opt.assembly.build_evaluator"}})
+    cfg = OmegaConf.create({"evaluator": {"kind": "engine"}})
     assert hide_replay_speed(cfg, [engine]) == "" and engine.calibration["tokens_per_s"] == 49.3

@@ -60,15 +60,18 @@ def test_evaluator_under_a_small_budget_keeps_its_bound_and_its_tokens(tiny):
 
     from tss_opt.config import config_dir
     from tss_opt.decoding.drafters import PromptLookupDrafter
+    from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.evaluation.domains import load_domain
     from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+    from tss_opt.evaluation.prompt_set import PromptSet
 
     dom = load_domain(OmegaConf.load(config_dir() / "domain" / "qa.yaml"))
+    prompts = PromptSet(dom.split("calibration")[:3], dom.metric, DecodeProtocol(max_new_tokens=6))
 
     def ev(**kw):
         return SpecDecodeEvaluator(
-            TargetModel(tiny.model), tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=5),
-            dom.split("calibration")[:3], dom.metric, max_new_tokens=6, show_progress=False, **kw,
+            TargetModel(tiny.model), tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=5), prompts,
+            show_progress=False, **kw,
         )
 
     unbounded = ev()

@@ -1,4 +1,4 @@
-"""DecodeProtocol: one frozen value for how prompts are decoded, passed whole (issue 19)."""
+"""DecodeProtocol: one frozen value for how prompts are decoded, passed whole."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tss_opt.decoding.drafters import PromptLookupDrafter
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import format_prompt, load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+from tss_opt.evaluation.prompt_set import PromptSet
 from tss_opt.evaluation.protocol import protocol_for_domain
 from tss_opt.evaluation.replay import ReplayError, ReplayEvaluator
 
@@ -28,10 +29,6 @@ def test_protocol_is_frozen_normalised_and_checked():
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.max_new_tokens = 5  # type: ignore[misc]
     assert p.replace(scope="all").scope == "all" and p.scope == "verify"
-    assert DecodeProtocol.build(p, max_new_tokens=3) == p.replace(max_new_tokens=3)
-    assert DecodeProtocol.build(None) == DecodeProtocol()
-    with pytest.raises(TypeError, match="unknown decoding setting.*max_tokens.*expected one of"):
-        DecodeProtocol.build(p, max_tokens=3)
     with pytest.raises(ValueError, match="max_new_tokens=0 is invalid"):
         DecodeProtocol(max_new_tokens=0)
     assert p.verifier.describe() == "exact" and p.to_dict()["verification"] == "exact"
@@ -46,23 +43,21 @@ def test_protocol_for_domain_takes_the_domains_length_unless_given():
     assert protocol_for_domain(base, qa, 7).max_new_tokens == 7 and p.scope == "all"
 
 
-def test_evaluator_with_a_protocol_equals_the_former_keywords(tiny):
+def test_an_evaluator_takes_its_prompt_set_whole(tiny):
     qa = _qa()
     target = TargetModel(tiny.model)
-    args = (target, tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=4), qa.split("calibration")[:2], qa.metric)
     proto = DecodeProtocol(max_new_tokens=8, scope="all", reuse_prefill=False)
-    by_value = SpecDecodeEvaluator(*args, protocol=proto, show_progress=False)
-    by_keywords = SpecDecodeEvaluator(*args, max_new_tokens=8, scope="all", reuse_prefill=False, show_progress=False)
-    assert by_value.protocol == by_keywords.protocol
-    assert by_value.max_new_tokens == 8 and by_value.scope == "all"
-    a, b = by_value.evaluate([1]), by_keywords.evaluate([1])
-    assert [p.token_ids for p in a.prompts] == [p.token_ids for p in b.prompts]
-    assert a.accept_length == b.accept_length and all(0 < p.new_tokens <= 8 for p in a.prompts)
-    # on_examples keeps the protocol whole; a keyword replaces one field of a given protocol
-    assert by_value.on_examples(qa.split("validation")[:1]).protocol == proto
-    assert SpecDecodeEvaluator(*args, protocol=proto, max_new_tokens=3).protocol == proto.replace(max_new_tokens=3)
+    prompts = PromptSet(qa.split("calibration")[:2], qa.metric, proto)
+    ev = SpecDecodeEvaluator(target, tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=4), prompts, show_progress=False)
+    assert ev.protocol == proto and ev.prompts == prompts
+    assert ev.max_new_tokens == 8 and ev.scope == "all" and ev.metric_name == qa.metric.name
+    a = ev.evaluate([1])
+    assert all(0 < p.new_tokens <= 8 for p in a.prompts)
+    # on_examples keeps the settings whole and changes the prompts only
+    other = ev.on_examples(qa.split("validation")[:1])
+    assert other.prompts == prompts.on(qa.split("validation")[:1]) and other.protocol == proto
     with pytest.raises(AttributeError):
-        by_value.max_new_tokens = 3  # read-only: the protocol is fixed at construction
+        ev.max_new_tokens = 3  # read-only: the protocol is fixed at construction
 
 
 def test_protocol_engine_equals_the_engine_with_keywords(tiny):
@@ -78,10 +73,11 @@ def test_protocol_engine_equals_the_engine_with_keywords(tiny):
 
 def test_replay_refuses_a_relaxed_rule_in_the_protocol(tiny):
     qa = _qa()
-    args = (TargetModel(tiny.model), tiny.tokenizer, lambda: None, qa.split("calibration")[:1], qa.metric)
+    args = (TargetModel(tiny.model), tiny.tokenizer, lambda: None)
+    prompts = PromptSet(qa.split("calibration")[:1], qa.metric)
     with pytest.raises(ReplayError, match="verification=diversed.*evaluator=engine"):
-        ReplayEvaluator(*args, protocol=DecodeProtocol(verification="diversed"))
-    assert ReplayEvaluator(*args, protocol=DecodeProtocol(max_new_tokens=4)).max_new_tokens == 4
+        ReplayEvaluator(*args, prompts.replace(protocol=DecodeProtocol(verification="diversed")))
+    assert ReplayEvaluator(*args, prompts.replace(protocol=DecodeProtocol(max_new_tokens=4))).max_new_tokens == 4
 
 
 def test_protocols_with_other_rules_differ_and_a_mode_name_becomes_a_verifier():

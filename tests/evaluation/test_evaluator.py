@@ -7,11 +7,13 @@ from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir
 from tss_opt.decoding.drafters import PromptLookupDrafter, TokenRecycleDrafter
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.cost import analytic_cost
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
+from tss_opt.evaluation.prompt_set import PromptSet
 
 
 def _domain(name: str):
@@ -20,16 +22,10 @@ def _domain(name: str):
 
 def _evaluator(loaded, domain_name: str, n: int, max_new: int, **kw) -> SpecDecodeEvaluator:
     dom = _domain(domain_name)
+    prompts = PromptSet.of(dom, dom.split("calibration")[:n], DecodeProtocol(max_new_tokens=max_new, **kw))
     return SpecDecodeEvaluator(
-        TargetModel(loaded.model),
-        loaded.tokenizer,
-        lambda: PromptLookupDrafter(num_tokens=5),
-        dom.split("calibration")[:n],
-        dom.metric,
-        extra_metrics=dom.extra_metrics,
-        max_new_tokens=max_new,
+        TargetModel(loaded.model), loaded.tokenizer, lambda: PromptLookupDrafter(num_tokens=5), prompts,
         show_progress=False,
-        **kw,
     )
 
 
@@ -118,7 +114,7 @@ def test_chunks_in_order_equal_one_call_for_a_learning_drafter(tiny):
     dom = _domain("qa")
     ev = SpecDecodeEvaluator(
         TargetModel(tiny.model), tiny.tokenizer, lambda: TokenRecycleDrafter(top_k=8),
-        dom.split("calibration")[:4], dom.metric, max_new_tokens=12, show_progress=False,
+        PromptSet(dom.split("calibration")[:4], dom.metric, DecodeProtocol(max_new_tokens=12)), show_progress=False,
     )
     full = _untimed(ev(frozenset({1}))["per_prompt"])
     chunks = _untimed(ev(frozenset({1}), prompt_ids=[0, 1])["per_prompt"])

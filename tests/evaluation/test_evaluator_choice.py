@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from tss_opt.assembly import Assembly, build_auto_evaluator, compose_config
+from tss_opt.assembly import Assembly, build_evaluator, compose_config
 from tss_opt.decoding.drafters.registry import build_drafter
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.choice import EXACT_BATCHING, EvaluatorChoice, choose_evaluator, runs_replay
@@ -107,9 +107,9 @@ BASE = ["+domain=qa", "+model=tiny", "search.prompts=3", "max_new_tokens=8"]
 
 def test_auto_is_the_default_and_logs_its_choice(tiny64, caplog):
     cfg = compose_config(BASE)
-    assert cfg.evaluator._target_ == "tss_opt.assembly.build_auto_evaluator"
+    assert cfg.evaluator.kind == "auto"
     with caplog.at_level(logging.INFO, logger="tss_opt.evaluation.choice"):
-        ev = build_auto_evaluator(cfg, runtime=_runtime(tiny64, {"name": "pld"}))
+        ev = build_evaluator(cfg, runtime=_runtime(tiny64, {"name": "pld"}))
     assert isinstance(ev, ReplayEvaluator) and ev.num_prompts == 3
     lines = [r.getMessage() for r in caplog.records if r.name == "tss_opt.evaluation.choice"]
     assert len(lines) == 1 and lines[0].startswith("evaluator=auto: replay, because")
@@ -117,7 +117,7 @@ def test_auto_is_the_default_and_logs_its_choice(tiny64, caplog):
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tss_opt.evaluation.choice"):
-        ev = build_auto_evaluator(cfg, runtime=_runtime(tiny64, {"name": "token_recycle"}))
+        ev = build_evaluator(cfg, runtime=_runtime(tiny64, {"name": "token_recycle"}))
     assert type(ev) is SpecDecodeEvaluator and not runs_replay(MemoEvaluator(ev))
     lines = [r.getMessage() for r in caplog.records if r.name == "tss_opt.evaluation.choice"]
     assert len(lines) == 1 and lines[0].startswith("evaluator=auto: engine, because drafter token_recycle is not replayable")
@@ -136,7 +136,7 @@ def test_the_configuration_decides(tiny, overrides, kind):
 
         loaded = load_model(model_config(cfg))
         assert loaded.model.dtype == torch.bfloat16
-    ev = build_auto_evaluator(cfg, runtime=_runtime(loaded, {"name": "pld"}))
+    ev = build_evaluator(cfg, runtime=_runtime(loaded, {"name": "pld"}))
     assert isinstance(ev, ReplayEvaluator) == (kind == "replay")
     assert isinstance(ev, SpecDecodeEvaluator) == (kind == "engine")
 
@@ -144,12 +144,10 @@ def test_the_configuration_decides(tiny, overrides, kind):
 def test_auto_gives_the_engine_figures(tiny64):
     """Where auto picks the replay, its per-prompt figures equal evaluator=engine's (float64:
     no argmax near-ties in the random model), for a model-backed drafter too."""
-    from tss_opt.assembly import build_evaluator
-
     for drafter_cfg in ({"name": "pld"}, {"name": "self", "skip": [1, 2]}):
         rt = _runtime(tiny64, drafter_cfg)
         assert choose_evaluator(**{**EXACT, "dtype": tiny64.model.dtype}, drafter=build_drafter({"name": "self", "skip": [1, 2], "num_tokens": 5}, rt.target, tiny64)).kind == "replay"
-        auto = build_auto_evaluator(compose_config(BASE), runtime=rt)
+        auto = build_evaluator(compose_config(BASE), runtime=rt)
         engine = build_evaluator(compose_config(BASE + ["evaluator=engine"]), runtime=rt)
         assert isinstance(auto, ReplayEvaluator) and isinstance(engine, SpecDecodeEvaluator)
         for skip in (frozenset(), frozenset({1})):
@@ -176,10 +174,10 @@ def test_compare_hides_the_replay_speed_when_auto_ran_the_replay(tiny64):
         return ComparisonRow(label="beam", study_name="s", skip_set=[3], sparsity=0.1,
                              calibration={"accept_length": 2.0, "metric": 0.1, "tokens_per_s": 49.3}, curve=[])
 
-    cfg = OmegaConf.create({"evaluator": {"_target_": "tss_opt.assembly.build_auto_evaluator"}})
+    cfg = OmegaConf.create({"evaluator": {"kind": "auto"}})
     full = compose_config(BASE)
-    replay = MemoEvaluator(build_auto_evaluator(full, runtime=_runtime(tiny64, {"name": "pld"})))
-    engine = MemoEvaluator(build_auto_evaluator(full, runtime=_runtime(tiny64, {"name": "token_recycle"})))
+    replay = MemoEvaluator(build_evaluator(full, "auto", runtime=_runtime(tiny64, {"name": "pld"})))
+    engine = MemoEvaluator(build_evaluator(full, "auto", runtime=_runtime(tiny64, {"name": "token_recycle"})))
     r, e = row(), row()
     assert hide_replay_speed(cfg, [r], replay) == REPLAY_NOTE and r.calibration["tokens_per_s"] is None
     assert hide_replay_speed(cfg, [e], engine) == "" and e.calibration["tokens_per_s"] == 49.3

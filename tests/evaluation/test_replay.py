@@ -23,9 +23,11 @@ from tss_opt.decoding.drafters import (
     random_eagle_head,
 )
 from tss_opt.decoding.engine import NoDrafter, SpeculativeEngine
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+from tss_opt.evaluation.prompt_set import PromptSet
 from tss_opt.evaluation.replay import ReplayError, ReplayEvaluator, batched_greedy, replay_stats
 from tss_opt.models import ModelConfig, load_model
 
@@ -57,10 +59,11 @@ def _drafters(tiny64, draft64):
 
 def _pair(loaded, dom, factory, scope, n=4, batch_size=3, **kw):
     target = TargetModel(loaded.model)
-    ex = dom.split("calibration")[:n]
-    common = dict(max_new_tokens=MAX_NEW, scope=scope, eos_token_ids=EOS, show_progress=False, **kw)
-    engine = SpecDecodeEvaluator(target, loaded.tokenizer, factory, ex, dom.metric, **common)
-    replay = ReplayEvaluator(target, loaded.tokenizer, factory, ex, dom.metric, batch_size=batch_size, **common)
+    prompts = PromptSet(
+        dom.split("calibration")[:n], dom.metric, DecodeProtocol(max_new_tokens=MAX_NEW, scope=scope, eos_token_ids=EOS, **kw)
+    )
+    engine = SpecDecodeEvaluator(target, loaded.tokenizer, factory, prompts, show_progress=False)
+    replay = ReplayEvaluator(target, loaded.tokenizer, factory, prompts, batch_size=batch_size, show_progress=False)
     return engine, replay
 
 
@@ -164,21 +167,21 @@ def test_unknown_drafter_cost_measured_and_sampling_are_refused(tiny64, qa):
 
 
 def test_config_group_builds_the_replay_evaluator(tiny64):
-    from tss_opt.assembly import Assembly, build_replay_evaluator, compose_config
+    from tss_opt.assembly import Assembly, build_evaluator, compose_config, configured_evaluator
 
     cfg = compose_config(["evaluator=replay", "evaluator.batch_size=2", "+domain=qa", "drafter=pld",
                           "+model=tiny", "search.prompts=2"])
-    assert cfg.evaluator._target_ == "tss_opt.assembly.build_replay_evaluator"
+    assert cfg.evaluator.kind == "replay"
     rt = Assembly(loaded=tiny64, target=TargetModel(tiny64.model), drafter_cfg={"name": "pld"})
-    ev = build_replay_evaluator(cfg, runtime=rt, batch_size=cfg.evaluator.batch_size)
+    ev = configured_evaluator(cfg, runtime=rt)
     assert isinstance(ev, ReplayEvaluator) and ev.batch_size == 2 and ev.num_prompts == 2
-    assert compose_config([]).evaluator._target_ == "tss_opt.assembly.build_auto_evaluator"  # the default
+    assert compose_config([]).evaluator.kind == "auto"  # the default
     samd = compose_config(["evaluator=replay", "+domain=qa", "drafter=samd", "+model=tiny", "search.prompts=1"])
     rt = Assembly(loaded=tiny64, target=TargetModel(tiny64.model), drafter_cfg={"name": "samd"})
     with pytest.raises(ReplayError, match="fallback=none"):
-        build_replay_evaluator(samd, runtime=rt)
+        build_evaluator(samd, runtime=rt)
     rt.drafter_cfg = {"name": "samd", "fallback": "none"}
-    assert build_replay_evaluator(samd, runtime=rt).num_prompts == 1
+    assert build_evaluator(samd, "replay", runtime=rt).num_prompts == 1
 
 
 # --- the embedded model -------------------------------------------------------------------------
@@ -206,10 +209,10 @@ def test_embedded_float32_replay_equals_engine(embedded):
     target = TargetModel(embedded.model)
     ex = dom.split("calibration")[:3]
     eos = list(embedded.tokenizer.convert_tokens_to_ids(["<|im_end|>"]))
-    common = dict(max_new_tokens=12, eos_token_ids=eos, show_progress=False)
+    prompts = PromptSet(ex, dom.metric, DecodeProtocol(max_new_tokens=12, eos_token_ids=eos))
     factory = lambda: PromptLookupDrafter(num_tokens=5)  # noqa: E731
-    engine = SpecDecodeEvaluator(target, embedded.tokenizer, factory, ex, dom.metric, **common)
-    replay = ReplayEvaluator(target, embedded.tokenizer, factory, ex, dom.metric, batch_size=3, **common)
+    engine = SpecDecodeEvaluator(target, embedded.tokenizer, factory, prompts, show_progress=False)
+    replay = ReplayEvaluator(target, embedded.tokenizer, factory, prompts, batch_size=3, show_progress=False)
     for skip in (frozenset(), frozenset({10, 20})):
         e, r = engine.evaluate(skip), replay.evaluate(skip)
         for pe, pr in zip(e.prompts, r.prompts, strict=True):

@@ -16,9 +16,11 @@ from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir
 from tss_opt.decoding.drafters import EagleDrafter, PromptLookupDrafter, random_eagle_head
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.skip import SkipError
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
+from tss_opt.evaluation.prompt_set import PromptSet
 from tss_opt.evaluation.replay import ReplayEvaluator, batched_greedy, grouped_greedy
 from tss_opt.models import ModelConfig, load_model
 
@@ -41,10 +43,10 @@ def tiny_dtype(request):
 
 def _evaluator(loaded, dom, factory, scope, *, n=5, batch_size=3, **kw):
     target = TargetModel(loaded.model)
-    return ReplayEvaluator(
-        target, loaded.tokenizer, factory, dom.split("calibration")[:n], dom.metric, batch_size=batch_size,
-        max_new_tokens=MAX_NEW, scope=scope, eos_token_ids=EOS, show_progress=False, **kw,
+    prompts = PromptSet(
+        dom.split("calibration")[:n], dom.metric, DecodeProtocol(max_new_tokens=MAX_NEW, scope=scope, eos_token_ids=EOS, **kw)
     )
+    return ReplayEvaluator(target, loaded.tokenizer, factory, prompts, batch_size=batch_size, show_progress=False)
 
 
 def _rows(result):

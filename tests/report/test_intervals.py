@@ -11,6 +11,7 @@ from report_data import VALIDATED_ENTRY
 
 from tss_opt.report.assessment import HeldoutStats, domain_verdict, validation_prediction
 from tss_opt.report.intervals import Interval, bootstrap_ratio, paired_difference
+from tss_opt.search.tolerance import MetricTolerance
 
 # Student t quantiles from tables (two-sided 90% = one-sided 95%).
 T95_DF3 = 2.353363
@@ -120,7 +121,8 @@ def test_verdict_rules():
     v = domain_verdict(_stats(metric=(0.02, 0.01, 0.03)), pred, native_metric_mean=0.5, metric_higher_is_better=False)
     assert v.metric_within_tolerance is False
     # Absolute tolerance.
-    v = domain_verdict(_stats(metric=(-0.02, -0.03, -0.01)), pred, native_metric_mean=0.5, eps_metric=0.05, relative=False)
+    v = domain_verdict(_stats(metric=(-0.02, -0.03, -0.01)), pred, native_metric_mean=0.5,
+                       tolerance=MetricTolerance(0.05, relative=False))
     assert v.metric_tolerance == 0.05 and v.metric_within_tolerance
     # Slower than native.
     v = domain_verdict(_stats(speedup=(0.95, 0.9, 1.0)), pred, native_metric_mean=0.5)

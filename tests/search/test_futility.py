@@ -106,7 +106,7 @@ def test_futility_is_wrong_at_most_one_minus_confidence() -> None:
 
 def _rule(n: int = 16, **kw: Any) -> PairedFeasibility:
     base = PerPrompt(tuple([3.0] * n), tuple([0.5] * n))
-    return PairedFeasibility.build(base, eps_accept=0.05, eps_metric=0.05, relative=True, confidence=0.9, **kw)
+    return PairedFeasibility.build(base, SearchSettings(confidence=0.9, **kw))
 
 
 def _pp(acc: list[float], met: list[float]) -> PerPrompt:

@@ -1,4 +1,4 @@
-"""The metric tolerance's floor (issue 36): one rule for the search, validation and the report.
+"""The metric tolerance's floor: one rule (one value) for the search, validation and the report.
 
 A domain where dense scores 0 on every prompt (a small model that fails the task) held the
 metric to a tolerance of 0: a skip set whose metric *rose* on one prompt still failed, since a
@@ -19,7 +19,7 @@ from tss_opt.evaluation.evaluator import EvalResult, PromptRecord
 from tss_opt.report.assessment import domain_verdict, heldout_stats
 from tss_opt.search import run_search, validate_candidates
 from tss_opt.search.algorithm import Measurement, thresholds_for
-from tss_opt.search.tolerance import metric_tolerance
+from tss_opt.search.tolerance import MetricTolerance
 
 N = 16
 GAIN = 0.1  # the one prompt whose score rises under the cheapest skip set
@@ -32,21 +32,28 @@ GAIN = 0.1  # the one prompt whose score rises under the cheapest skip set
         (0.05, 0.0, True, 0.005, 0.005),  # dense scores 0: the floor
         (0.05, 0.0345, True, 0.005, 0.005),  # qa's dense F1: 5 % is 0.0017, the floor binds
         (0.05, -0.2, True, 0.005, 0.01),  # |native|
-        (0.05, 0.0, True, 0.0, 0.0),  # no floor: the rule before issue 36
+        (0.05, 0.0, True, 0.0, 0.0),  # no floor: the rule before the floor existed
         (0.0, 0.0, True, 0.005, 0.0),  # eps = 0 asks for no loss: the floor does not apply
         (-0.05, 0.2, True, 0.005, -0.01),  # a required gain stays required
         (0.02, 0.0, False, 0.005, 0.02),  # absolute tolerances are used as given
     ],
 )
 def test_metric_tolerance(eps, native, relative, floor, expected):
-    assert metric_tolerance(eps, native, relative=relative, floor=floor) == pytest.approx(expected)
+    assert MetricTolerance(eps, relative, floor).delta(native) == pytest.approx(expected)
+
+
+def test_the_tolerance_is_read_from_the_search_settings_once():
+    s = SearchSettings(eps_metric=0.1, tau_metric=0.2, relative=True, eps_metric_abs=0.01)
+    assert MetricTolerance.of(s) == MetricTolerance(0.1, True, 0.01)
+    assert MetricTolerance.of(s, pool=True) == MetricTolerance(0.2, True, 0.01)
+    assert MetricTolerance.of(s).to_dict() == {"eps_metric": 0.1, "relative": True, "eps_metric_abs": 0.01}
 
 
 def test_bad_floors_are_refused_with_the_fix():
     with pytest.raises(SearchSettingsError, match=r"eps_metric_abs=-0.01 is out of range; expected 0 <= eps_metric_abs < 1"):
         SearchSettings(eps_metric_abs=-0.01)
     with pytest.raises(ValueError, match="must be a finite number >= 0"):
-        metric_tolerance(0.05, 0.1, relative=True, floor=float("nan"))
+        MetricTolerance(0.05, True, float("nan"))
 
 
 def test_the_floor_is_part_of_the_study_identity_only_when_set():
@@ -123,7 +130,7 @@ def test_report_verdict(floor):
     """Held-out: metric +0.00625 [-0.0047, +0.0172] (90 %, two-sided), 1.1x faster."""
     stats = heldout_stats(_result(frozenset()), _result(frozenset({1})), resamples=200)
     assert stats.metric_diff.lower == pytest.approx(-0.0047, abs=1e-4)
-    v = domain_verdict(stats, None, native_metric_mean=0.0, eps_metric_abs=floor)
+    v = domain_verdict(stats, None, native_metric_mean=0.0, tolerance=MetricTolerance(floor=floor))
     assert v.metric_tolerance == pytest.approx(floor)
     assert v.metric_within_tolerance is (floor > 0) and v.goal_met is (floor > 0)
     assert v.summary.startswith("goal met" if floor > 0 else "goal missed")

@@ -11,8 +11,10 @@ from optuna.trial import TrialState
 
 from tss_opt.config import config_dir
 from tss_opt.decoding.drafters import PromptLookupDrafter
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
+from tss_opt.evaluation.prompt_set import PromptSet
 from tss_opt.evaluation.replay import ReplayEvaluator
 from tss_opt.search import run_search
 
@@ -43,9 +45,10 @@ def _stored(url: str, name: str) -> dict[tuple[int, ...], tuple]:
 
 
 def test_grouped_replay_search_equals_one_at_a_time(tiny, qa, tmp_path):
+    prompts = PromptSet(qa.split("calibration")[:8], qa.metric, DecodeProtocol(max_new_tokens=8, eos_token_ids=(258,)))
     ev = _CountingReplay(
-        TargetModel(tiny.model), tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=4), qa.split("calibration")[:8],
-        qa.metric, batch_size=4, max_new_tokens=8, eos_token_ids=(258,), show_progress=False,
+        TargetModel(tiny.model), tiny.tokenizer, lambda: PromptLookupDrafter(num_tokens=4), prompts,
+        batch_size=4, show_progress=False,
     )
     settings = dict(
         mode="exhaustive", max_depth=2, early_stopping=True, early_stop_chunk=2, futility_stopping=True,

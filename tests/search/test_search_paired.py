@@ -48,9 +48,8 @@ def test_paired_bound_and_verdict_are_exact() -> None:
     half = 1.637744 * math.sqrt(14 / 3 / 4)
     assert (mean, lo, hi) == pytest.approx((2.0, 2.0 - half, 2.0 + half), abs=1e-5)
     base = PerPrompt((3.0, 3.0, 3.0, 3.0), (0.5, 0.5, 0.5, 0.5), repetition=(0.0,) * 4)
-    rule = PairedFeasibility.build(
-        base, eps_accept=0.1, eps_metric=0.1, relative=True, confidence=0.9
-    )
+    settings = SearchSettings(eps_accept=0.1, eps_metric=0.1, relative=True, confidence=0.9)
+    rule = PairedFeasibility.build(base, settings)
     assert (rule.tol_accept, rule.tol_metric) == pytest.approx((0.3, 0.05))
     same = Measurement(3.0, 0.5, 0.9, per_prompt=base)
     v = rule.verdict(same)
@@ -60,10 +59,7 @@ def test_paired_bound_and_verdict_are_exact() -> None:
     v = rule.verdict(Measurement(4.0, 0.5, 0.9, per_prompt=loops))
     assert not v.feasible and v.reason.startswith("degenerate output: repetition rises by +0.550")
     assert v.constraints[2] > 0
-    lower_is_better = PairedFeasibility.build(
-        base, eps_accept=0.1, eps_metric=0.1, relative=True, confidence=0.9,
-        metric_higher_is_better=False,
-    )  # fmt: skip
+    lower_is_better = PairedFeasibility.build(base, settings, metric_higher_is_better=False)
     up = PerPrompt((3.0,) * 4, (0.6, 0.6, 0.6, 0.6))
     assert not lower_is_better.satisfied(Measurement(3.0, 0.6, 0.9, per_prompt=up))
     assert rule.satisfied(Measurement(3.0, 0.6, 0.9, per_prompt=up))

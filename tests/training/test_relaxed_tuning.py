@@ -7,9 +7,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tss_opt.assembly import build_verifier, compose_config, protocol
+from tss_opt.assembly import build_verifier, compose_config, study_protocol
 from tss_opt.config import config_dir
+from tss_opt.config.schema import RelaxedSettings
 from tss_opt.decoding.drafters import SelfDrafter
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.verify.arbitration import FEATURES, LogisticPolicy, ThresholdPolicy
 from tss_opt.decoding.verify.relaxed import (
@@ -19,6 +21,8 @@ from tss_opt.decoding.verify.relaxed import (
 )
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
+from tss_opt.evaluation.prompt_set import PromptSet
+from tss_opt.search.tolerance import MetricTolerance
 from tss_opt.training.relaxed import search_weight, train_cospec_policy
 
 
@@ -28,22 +32,19 @@ def _evaluator(tiny, n=3, max_new=12, **kw) -> SpecDecodeEvaluator:
         TargetModel(tiny.model),
         tiny.tokenizer,
         lambda: SelfDrafter(tiny.model, skip=[1, 2], num_tokens=3),
-        dom.split("calibration")[:n],
-        dom.metric,
-        max_new_tokens=max_new,
+        PromptSet(dom.split("calibration")[:n], dom.metric, DecodeProtocol(max_new_tokens=max_new, **kw)),
         show_progress=False,
-        **kw,
     )
 
 
 def test_search_weight_tries_the_grid_and_reports(tiny):
     ev = _evaluator(tiny)
-    out = search_weight(ev, frozenset({3}), weights=(1.0, 0.3, 0.0), eps=0.5)
+    out = search_weight(ev, frozenset({3}), RelaxedSettings(weights=[1.0, 0.3, 0.0]), tolerance=MetricTolerance(0.5))
     assert [r["weight"] for r in out.rows] == [1.0, 0.3, 0.0]
     assert out.weight in (1.0, 0.3, 0.0)
     assert ev.verifier.describe() == "exact"  # restored
     with pytest.raises(RelaxedVerificationError, match=r"\[0, 1\]"):
-        search_weight(ev, weights=(1.2,))
+        search_weight(ev, settings=RelaxedSettings(weights=[1.2]))
 
 
 def test_lossy_results_say_so(tiny):
@@ -57,7 +58,7 @@ def test_reinforce_runs_and_updates_the_policy(tiny):
     start = LogisticPolicy()
     start.theta[0] = 0.0  # keeps half the time: both actions are explored
     theta0 = start.theta.clone()
-    out = train_cospec_policy(ev, epochs=2, policy=start, step_cost=1.0)
+    out = train_cospec_policy(ev, settings=RelaxedSettings(epochs=2, step_cost=1.0), policy=start)
     assert len(out.history) == 2 and not out.policy.training
     assert not bool((out.policy.theta == theta0).all())
     assert 0.0 < out.history[0]["keep_rate"] < 1.0
@@ -68,10 +69,10 @@ def test_config_builds_the_verifier_and_refuses_pld():
                           "drafter.skip=[1]"])
     v = build_verifier(cfg)
     assert v.lossy and v.weight == 0.7
-    assert protocol(cfg)["verification"] == "diversed(w=0.7)"
+    assert study_protocol(cfg).identity()["verification"] == "diversed(w=0.7)"
     exact = compose_config(["+domain=summarization"])
     # Exact verification (the default) adds no protocol key, so earlier study names still match.
-    assert "verification" not in protocol(exact) and not build_verifier(exact).lossy
+    assert "verification" not in study_protocol(exact).identity() and not build_verifier(exact).lossy
     cs = build_verifier(compose_config(["verification=cospec", "drafter=self", "drafter.skip=[1]"]))
     assert isinstance(cs.policy, ThresholdPolicy)
     for mode in ("diversed", "cospec"):
@@ -105,7 +106,9 @@ def test_diversed_weight_reinforce_runs_and_changes_theta(tiny):
     from tss_opt.training.relaxed import train_diversed_weight
 
     ev = _evaluator(tiny, n=3)
-    out = train_diversed_weight(ev, frozenset({3}), epochs=2, init_weight=0.5, step_cost=1.0, seed=1)
+    out = train_diversed_weight(
+        ev, frozenset({3}), RelaxedSettings(epochs=2, init_weight=0.5, step_cost=1.0, seed=1)
+    )
     assert len(out.history) == 2 and not out.policy.training and out.policy.episodes == []
     assert out.history[0]["decisions"] > 0 and 0.0 < out.history[0]["mean_weight"] < 1.0
     start = torch.zeros(len(FEATURES), dtype=torch.float64)
@@ -137,7 +140,9 @@ def test_tune_relaxed_judges_every_candidate(tiny, tmp_path, mode):
     from tss_opt.training.relaxed_choice import tune_relaxed
 
     ev = _evaluator(tiny, n=3, max_new=8)
-    choice = tune_relaxed(ev, mode, frozenset({3}), weights=(1.0, 0.0), epochs=1, eps=0.5)
+    choice = tune_relaxed(
+        ev, mode, frozenset({3}), RelaxedSettings(weights=[1.0, 0.0], epochs=1), tolerance=MetricTolerance(0.5)
+    )
     names = [c.name for c in choice.candidates]
     assert names == (["exact", "fixed w=0.00", "learned weight"] if mode == "diversed" else
                      ["exact", "threshold", "learned policy"])
@@ -150,6 +155,10 @@ def test_tune_relaxed_judges_every_candidate(tiny, tmp_path, mode):
     if choice.lossy:
         assert block["mode"] == mode and block["chosen"] == choice.chosen.name and block["skip_set"] == [3]
         assert block["calibration"]["prompts"] == 3 and len(block["candidates"]) == len(names)
+        # the rule under the configuration's names (search.eps_metric, ...), one value
+        assert {k: block["calibration"][k] for k in ("eps_metric", "relative", "eps_metric_abs", "confidence")} == {
+            "eps_metric": 0.5, "relative": True, "eps_metric_abs": 0.005, "confidence": 0.8,
+        }
         assert verifier_from_settings(block["mode"], block).lossy  # the block rebuilds the rule
     else:
         assert block is None
@@ -166,7 +175,7 @@ def test_config_builds_the_learned_weight(tmp_path):
                           "drafter=self", "drafter.skip=[1]"])
     v = build_verifier(cfg)
     assert isinstance(v.weight_policy, LearnedWeight) and v.describe() == "diversed(w=learned)"
-    assert protocol(cfg)["verification"] == f"diversed(weight_policy={path})"
+    assert study_protocol(cfg).identity()["verification"] == f"diversed(weight_policy={path})"
     _, meta = study_identity(cfg)
     assert meta["lossy"] is True and meta["relaxed"]["weight_policy"] == str(path) and meta["relaxed"]["mode"] == "diversed"
     _, exact_meta = study_identity(compose_config(["+domain=summarization"]))

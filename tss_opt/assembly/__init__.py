@@ -3,9 +3,10 @@ decoding protocol, evaluator and the study's identity.
 
 ``settings`` turns the raw config into typed values (model, domain, drafter settings, search
 settings, acceptance rule, :class:`~tss_opt.decoding.DecodeProtocol`); ``runtime`` loads the
-model (:class:`Assembly`); ``evaluators`` builds the trial evaluators (the ``_target_`` of
-``conf/evaluator/*.yaml``: ``tss_opt.assembly.build_evaluator``,
-``build_replay_evaluator`` and ``build_auto_evaluator``); ``identity`` names the study. Everything is re-exported here.
+model (:class:`Assembly`); ``evaluators`` builds the trial evaluators (the registry
+:data:`EVALUATORS`, keyed by ``evaluator.kind`` of ``conf/evaluator/*.yaml``);
+``identity`` names the study (:class:`~tss_opt.evaluation.protocol.StudyProtocol`).
+Everything is re-exported here.
 
 Every command (``tss_opt.cli``), the runtime controller and the benchmarks build what they
 run through these functions, so one configuration always means one model, one drafter and
@@ -15,13 +16,15 @@ without Hydra.
 """
 
 from tss_opt.assembly.evaluators import (
-    build_auto_evaluator,
+    EVALUATORS,
+    EvaluatorSettings,
     build_evaluator,
-    build_replay_evaluator,
     configured_evaluator,
+    evaluator_settings,
+    prompt_set,
     validation_evaluator,
 )
-from tss_opt.assembly.identity import protocol, study_identity
+from tss_opt.assembly.identity import study_identity, study_protocol
 from tss_opt.assembly.runtime import Assembly, assemble, serving_protocol
 from tss_opt.assembly.settings import (
     base_protocol,
@@ -32,22 +35,25 @@ from tss_opt.assembly.settings import (
     decode_protocol,
     drafter_config,
     max_new_tokens_for,
+    metric_tolerance,
     model_config,
     model_settings,
+    relaxed_config,
     relaxed_settings,
     require_domain,
     search_settings,
 )
 
 __all__ = [
+    "EVALUATORS",
     "Assembly",
+    "EvaluatorSettings",
     "assemble",
-    "build_auto_evaluator",
     "build_evaluator",
     "check_prompts",
-    "build_replay_evaluator",
     "build_verifier",
     "check_distribution_drafter",
+    "relaxed_config",
     "relaxed_settings",
     "base_protocol",
     "compose_config",
@@ -55,12 +61,15 @@ __all__ = [
     "decode_protocol",
     "serving_protocol",
     "drafter_config",
+    "evaluator_settings",
     "max_new_tokens_for",
+    "metric_tolerance",
     "model_config",
     "model_settings",
-    "protocol",
+    "prompt_set",
     "require_domain",
     "search_settings",
     "validation_evaluator",
     "study_identity",
+    "study_protocol",
 ]

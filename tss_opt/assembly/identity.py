@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from tss_opt.assembly.evaluators import evaluator_label
 from tss_opt.assembly.settings import (
+    base_protocol,
     check_prompts,
     drafter_config,
     max_new_tokens_for,
@@ -15,41 +17,35 @@ from tss_opt.assembly.settings import (
     require_domain,
     search_settings,
 )
-from tss_opt.config.enums import Verification
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.domains import Domain
+    from tss_opt.evaluation.protocol import StudyProtocol
 
 
-def protocol(cfg: DictConfig, domain: Domain | None = None) -> dict[str, Any]:
-    """What one trial measures (:data:`tss_opt.search.identity.PROTOCOL_KEYS`); ``domain``:
-    the loaded domain (default: loaded from ``cfg``)."""
+def study_protocol(cfg: DictConfig, domain: Domain | None = None) -> StudyProtocol:
+    """What one trial measures (:class:`~tss_opt.evaluation.protocol.StudyProtocol`), read
+    from the configuration without loading a model; ``domain``: the loaded domain (default:
+    loaded from ``cfg``).
+
+    The decoding settings are the evaluators' own (:func:`base_protocol` with
+    :func:`max_new_tokens_for`), so a study is named by exactly what its trials decode.
+    """
+    from tss_opt.evaluation.protocol import StudyProtocol
+
     domain = domain or require_domain(cfg)
-    mc = model_settings(cfg)
-    proto = {
-        "prompts": min(check_prompts(cfg.search.prompts) or domain.config.calibration_size, domain.config.calibration_size),
-        "max_new_tokens": max_new_tokens_for(cfg, domain),
-        "split": cfg.split,
-        "scope": str(cfg.scope),
-        "cost": str(cfg.cost),
-        "temperature": float(cfg.temperature),
-        "dtype": mc.dtype,
-    }
-    # A lossy rule measures other outputs: studies under different rules never mix. Exact
-    # verification (the default) adds no key, so earlier study names still match.
-    verification = _verification_label(cfg)
-    if Verification.lossy_label(verification):
-        proto["verification"] = verification
-    # Trials of the replay evaluator measure no tokens/s: a study never mixes the two. The
-    # default (engine) adds no key, so study names from before this key existed still match.
-    # A compiled target measures other seconds (same tokens): its studies stay apart. Off (the
-    # default) adds no key, so earlier study names still match.
-    if cfg.get("compile"):
-        proto["compile"] = True
-    target = str(OmegaConf.select(cfg, "evaluator._target_") or "")
-    if target and not target.endswith(".build_evaluator"):
-        proto["evaluator"] = target.rsplit(".", 1)[-1]
-    return proto
+    calibration = domain.config.calibration_size
+    max_new_tokens = max_new_tokens_for(cfg, domain)  # a bad length is a usage error, said first
+    return StudyProtocol(
+        decode=base_protocol(cfg).replace(max_new_tokens=max_new_tokens),
+        # The preset's count is an upper bound; the calibration size counts for every split.
+        prompts=min(check_prompts(cfg.search.prompts) or calibration, calibration),
+        split=str(cfg.split),
+        dtype=model_settings(cfg).dtype,
+        verification=_verification_label(cfg),
+        compile=bool(cfg.get("compile")),
+        evaluator=evaluator_label(cfg),
+    )
 
 
 def _verification_label(cfg: DictConfig) -> str:
@@ -73,7 +69,7 @@ def study_identity(cfg: DictConfig, domain: Domain | None = None) -> tuple[str, 
     mc = model_settings(cfg)
     drafter = drafter_config(cfg)
     settings = search_settings(cfg)
-    proto = protocol(cfg, domain)
+    proto = study_protocol(cfg, domain).identity()
     name = cfg.get("study_name") or study_name_for(
         domain=domain.name, model=mc.name, drafter=str(drafter.get("name")), split=cfg.split, settings=settings
     ) + f".p{protocol_hash(proto)}"

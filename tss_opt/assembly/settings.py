@@ -17,9 +17,11 @@ from tss_opt.errors import UsageError
 
 if TYPE_CHECKING:
     from tss_opt.config import ModelConfig
+    from tss_opt.config.schema import RelaxedSettings
     from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.decoding.verify.relaxed import Verifier
     from tss_opt.evaluation.domains import Domain
+    from tss_opt.search.tolerance import MetricTolerance
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -133,6 +135,19 @@ def build_verifier(cfg: DictConfig, drafter_cfg: dict[str, Any] | None = None) -
     return verifier_from_settings(mode, relaxed_settings(cfg))
 
 
+def relaxed_config(cfg: DictConfig) -> RelaxedSettings:
+    """The ``relaxed`` group as its typed :class:`~tss_opt.config.schema.RelaxedSettings`
+    (the rules' settings and ``tune_verification``'s)."""
+    from tss_opt.config.schema import RelaxedSettings
+
+    relaxed = cfg.get("relaxed")
+    if relaxed is None:
+        return RelaxedSettings()
+    values = OmegaConf.to_container(relaxed, resolve=True)
+    assert isinstance(values, dict)
+    return RelaxedSettings(**values)
+
+
 def relaxed_settings(cfg: DictConfig) -> dict[str, Any]:
     """The ``relaxed`` group as a plain dict (the verifier's settings only)."""
     relaxed = cfg.get("relaxed") or {}
@@ -152,6 +167,17 @@ def check_distribution_drafter(mode: Any, drafter: dict[str, Any]) -> None:
     caps = drafter_capabilities(drafter)  # the drafter class's declaration, nothing built
     if caps is None or not caps.distribution:
         raise refuse_drafter(mode, str(drafter.get("name")), distribution_drafters())
+
+
+def metric_tolerance(cfg: DictConfig) -> MetricTolerance:
+    """The search's metric tolerance (``search.eps_metric``, ``search.relative``,
+    ``search.eps_metric_abs``) as one value, for the commands that judge a metric against
+    dense after the search (``report``, ``tune_verification``). Read as given, without the
+    search's own range checks: a tuning may ask for a gain the search could not."""
+    from tss_opt.search.tolerance import MetricTolerance
+
+    s = cfg.search
+    return MetricTolerance(float(s.eps_metric), bool(s.relative), float(s.eps_metric_abs))
 
 
 def search_settings(cfg: DictConfig) -> SearchSettings:

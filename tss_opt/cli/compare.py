@@ -115,7 +115,7 @@ def hide_replay_speed(cfg: DictConfig, rows: list[Any], evaluator: Any = None) -
     read as a decoding speed."""
     from tss_opt.evaluation.choice import runs_replay
 
-    if "replay" not in str(cfg.evaluator.get("_target_", "")) and not runs_replay(evaluator):
+    if cfg.evaluator.get("kind") != "replay" and not runs_replay(evaluator):
         return ""
     for row in rows:
         row.calibration["tokens_per_s"] = None
@@ -123,7 +123,7 @@ def hide_replay_speed(cfg: DictConfig, rows: list[Any], evaluator: Any = None) -
 
 
 def calibration_evaluator(cfg: DictConfig, runtime: Any) -> Any:
-    """The search's evaluator (``evaluator._target_``), sharing one loaded model.
+    """The search's evaluator (``evaluator.kind``, or your ``evaluator._target_``), sharing one loaded model.
 
     A greedy evaluator is wrapped in :class:`~tss_opt.search.memo.MemoEvaluator`: the studies
     of one ``compare`` / ``sweep`` run share their measurements (most start with the same

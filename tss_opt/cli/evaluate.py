@@ -17,8 +17,8 @@ from tss_opt.assembly import (
     assemble,
     build_evaluator,
     check_prompts,
-    decode_protocol,
     max_new_tokens_for,
+    prompt_set,
     require_domain,
 )
 from tss_opt.cli.common import hydra_entry
@@ -51,9 +51,9 @@ def evaluate(cfg: DictConfig) -> EvalResult:
     if not (cfg.get("max_new_tokens") is not None or _given(cfg, "search.max_new_tokens")):
         max_new = domain.config.max_new_tokens
     rt = assemble(cfg)
-    protocol = decode_protocol(cfg, domain, rt.eos_token_ids, rt.drafter_cfg).replace(max_new_tokens=max_new)
+    ps = prompt_set(cfg, rt, domain, count=prompts or len(domain.split(cfg.split)))
     ev = build_evaluator(
-        cfg, runtime=rt, prompts=prompts or len(domain.split(cfg.split)), protocol=protocol, domain=domain
+        cfg, "engine", runtime=rt, prompts=ps.replace(protocol=ps.protocol.replace(max_new_tokens=max_new))
     )
     with prompt_bar(len(ev.examples), f"{domain.name} skip {sorted(cfg.skip)}"):
         r = ev.evaluate(frozenset(cfg.skip))

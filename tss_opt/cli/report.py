@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from tss_opt.assembly import assemble, base_protocol
+from tss_opt.assembly import assemble, base_protocol, metric_tolerance
 from tss_opt.cli.common import hydra_entry
 from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
 from tss_opt.config.search_path import domain_config_dirs
@@ -91,8 +91,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
         model_id=rt.loaded.model_id, drafter=drafter, protocol=base_protocol(cfg, rt.eos_token_ids),
         prompts=cfg.get("heldout_prompts"), max_new_tokens=cfg.get("max_new_tokens"), level=level,
         resamples=int(cfg.get("report_bootstrap", REPORT_RESAMPLES)), seed=int(cfg.get("report_seed", 0)),
-        eps_metric=float(cfg.search.eps_metric), relative=bool(cfg.search.relative),
-        eps_metric_abs=float(cfg.search.eps_metric_abs),
+        tolerance=metric_tolerance(cfg),
     )
     for comp in result.domains:
         log.info("plots for %s", comp.domain)

@@ -30,6 +30,8 @@ from tss_opt.assembly import (
     build_evaluator,
     check_distribution_drafter,
     drafter_config,
+    metric_tolerance,
+    relaxed_config,
     require_domain,
 )
 from tss_opt.cli.common import hydra_entry
@@ -71,19 +73,14 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
     if mapping is not None:
         mapping.check_model(rt.loaded.model_id, rt.target.num_layers)
     skip = validate_skip(skip, rt.target.num_layers)
-    ev = build_evaluator(cfg, runtime=rt, split="calibration")
-    rs = cfg.relaxed
+    ev = build_evaluator(cfg, "engine", runtime=rt, split="calibration")
+    rs = relaxed_config(cfg)
     log.info(
         "tuning verification=%s for %s on %d calibration prompts x %d tokens, skip %s (from %s), drafter %s",
         mode, domain.name, ev.num_prompts, ev.max_new_tokens, sorted(skip), source, rt.drafter_cfg.get("name"),
     )
     choice = tune_relaxed(
-        ev, mode, skip,
-        weights=[float(w) for w in rs.weights], tau_draft=float(rs.tau_draft), tau_target=float(rs.tau_target),
-        epochs=int(rs.epochs), lr=float(rs.lr), step_cost=float(rs.step_cost), sigma=float(rs.sigma),
-        init_weight=float(rs.init_weight), seed=int(rs.seed),
-        eps=float(cfg.search.eps_metric), confidence=float(cfg.search.confidence), relative=bool(cfg.search.relative),
-        eps_abs=float(cfg.search.eps_metric_abs),
+        ev, mode, skip, rs, tolerance=metric_tolerance(cfg), confidence=float(cfg.search.confidence)
     )
     saved = choice.save_learned(Path(rs.out_dir) / rt.loaded.config.name, domain.name)
     print(

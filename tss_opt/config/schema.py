@@ -98,7 +98,9 @@ class TSSConfig(ServeSettings):
     domain: DomainConfig | None = None
     drafter: Any = None  # conf/drafter/*.yaml; None = the model's default_drafter
     search: SearchPreset = field(default_factory=SearchPreset)
-    evaluator: Any = None  # conf/evaluator/*.yaml (config.yaml's defaults list picks auto)
+    # conf/evaluator/*.yaml: kind (engine, replay, auto) and its settings, or _target_ naming
+    # your own factory (any keys then)
+    evaluator: Any = field(default_factory=lambda: {"kind": "engine", "_target_": None})
 
     storage: str | None = None  # SQL URL; None = sqlite:///storage/tss.db
     study_name: str | None = None  # None = derived from model, drafter, domain, split, settings

@@ -1,10 +1,10 @@
 """The decoding protocol: how one request is decoded, as one frozen value.
 
 Every caller that decodes prompts (the trial evaluators, the replay, the held-out report, the
-runtime controller) used to take the same eight settings as separate keyword arguments. They
-now take one :class:`DecodeProtocol`, built once from the configuration
+runtime controller) takes one :class:`DecodeProtocol`, built once from the configuration
 (:func:`tss_opt.assembly.decode_protocol`) and passed whole, so a new setting is added in one
-place. Nothing here reads a configuration or loads a model.
+place; a setting that changes what a trial measures says so on its field, and the study's
+identity follows from it. Nothing here reads a configuration or loads a model.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 # The one value of the default length; re-exported for the decoding callers.
 from tss_opt.config.domain import DEFAULT_MAX_NEW_TOKENS
+from tss_opt.config.identity import identity_field
 
 if TYPE_CHECKING:
     from tss_opt.decoding.drafter import Drafter
@@ -22,12 +23,18 @@ if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
     from tss_opt.decoding.verify.relaxed import Verifier
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "PROTOCOL_FIELDS", "DecodeProtocol"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "DecodeProtocol"]
 
 
 @dataclass(frozen=True)
 class DecodeProtocol:
     """What one decoding run repeats for every prompt.
+
+    The fields declared with :func:`~tss_opt.config.identity.identity_field` change what a
+    trial measures, so they are part of the study's identity
+    (:class:`~tss_opt.evaluation.protocol.StudyProtocol`); the others do not change a token
+    (stop tokens come with the model, the system prompt with the domain, both named by the
+    study; prefill reuse gives the same tokens).
 
     Attributes:
         max_new_tokens: generation length per prompt.
@@ -43,15 +50,16 @@ class DecodeProtocol:
             :class:`~tss_opt.decoding.verify.relaxed.Verifier`.
     """
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    scope: str = "verify"
-    temperature: float = 0.0
-    cost: str = "analytic"
+    max_new_tokens: int = identity_field(DEFAULT_MAX_NEW_TOKENS)
+    scope: str = identity_field("verify")
+    temperature: float = identity_field(0.0)
+    cost: str = identity_field("analytic")
     eos_token_ids: tuple[int, ...] = ()
     system_prompt: str | None = None
     reuse_prefill: bool = True
     # A mode name becomes a Verifier (__post_init__); a Verifier is mutable, so it takes part
-    # in equality but not in the hash.
+    # in equality but not in the hash. The study identity records the rule by its settings
+    # label instead (StudyProtocol.verification): naming a study must not load a policy file.
     verification: Verifier | str = field(default="exact", hash=False)
 
     def __post_init__(self) -> None:
@@ -68,24 +76,6 @@ class DecodeProtocol:
             raise ValueError(
                 f"max_new_tokens={self.max_new_tokens} is invalid; expected an integer >= 1 (tokens generated per prompt)"
             )
-
-    @classmethod
-    def build(cls, protocol: DecodeProtocol | None = None, **settings: Any) -> DecodeProtocol:
-        """``protocol`` (default: the defaults) with the keyword ``settings`` replacing fields.
-
-        Lets callers keep their former keyword arguments (``max_new_tokens=...``) beside the
-        new ``protocol=`` argument.
-
-        Raises:
-            TypeError: a keyword that is no protocol field.
-        """
-        unknown = sorted(set(settings) - set(PROTOCOL_FIELDS))
-        if unknown:
-            raise TypeError(
-                f"unknown decoding setting(s) {', '.join(unknown)}; expected one of {', '.join(PROTOCOL_FIELDS)}"
-            )
-        base = protocol if protocol is not None else cls()
-        return dataclasses.replace(base, **settings) if settings else base
 
     def replace(self, **changes: Any) -> DecodeProtocol:
         """A copy with ``changes`` applied (fields as keywords)."""
@@ -114,11 +104,7 @@ class DecodeProtocol:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly mapping (the rule by its label)."""
-        out = {f: getattr(self, f) for f in PROTOCOL_FIELDS if f != "verification"}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "verification"}
         out["eos_token_ids"] = list(self.eos_token_ids)
         out["verification"] = self.verifier.describe()
         return out
-
-
-PROTOCOL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecodeProtocol))
-"""The field names of :class:`DecodeProtocol`, in order."""

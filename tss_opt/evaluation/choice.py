@@ -14,9 +14,9 @@ trial (docs/results/replay_benchmark.txt: 4.09x at batch 8 on this CPU):
   Reduced precision (bfloat16, float16) rounds differently with the batch shape, so near-ties
   of the argmax flip and the outputs differ from the engine's.
 
-:func:`choose_evaluator` is a pure function of those facts; ``tss_opt.assembly.
-build_auto_evaluator`` reads them from the configuration and the loaded target, logs the
-choice (:meth:`EvaluatorChoice.message`) and builds that evaluator.
+:func:`choose_evaluator` is a pure function of those facts; the assembly's ``auto`` evaluator
+kind reads them from the configuration and the loaded target, logs the choice
+(:meth:`EvaluatorChoice.message`) and builds that evaluator.
 """
 
 from __future__ import annotations

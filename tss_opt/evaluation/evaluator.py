@@ -22,7 +22,6 @@ from tss_opt.config.enums import Verification
 from tss_opt.config.objectives import ACCEPT_LENGTH, COST, METRIC
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.prefill import DensePrefill, PrefillStore, dense_prefill
-from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.verify.relaxed import Verifier
@@ -30,6 +29,7 @@ from tss_opt.evaluation.cost import COSTS, analytic_cost, measured_cost
 from tss_opt.evaluation.domains import Example, format_prompt
 from tss_opt.evaluation.metrics import Metric
 from tss_opt.evaluation.metrics.repetition import repeated_ngram_share
+from tss_opt.evaluation.prompt_set import PromptSet
 from tss_opt.progress import prompts_done
 
 if TYPE_CHECKING:
@@ -171,21 +171,20 @@ def check_prompt_ids(prompt_ids: Iterable[int] | None, num_prompts: int) -> list
 
 
 class PromptSetEvaluator(ABC):
-    """What every trial evaluator over a fixed prompt list shares: its decoding protocol, the
-    tokenised prompts, ``num_prompts``, the contract's ``__call__``, :meth:`on_examples` and
-    the scoring of a run (:func:`aggregate`).
+    """What every trial evaluator over a fixed prompt list shares: its :class:`PromptSet`,
+    the tokenised prompts, ``num_prompts``, the contract's ``__call__``, :meth:`on_examples`
+    and the scoring of a run (:func:`aggregate`).
 
-    Subclasses check their protocol, then call ``super().__init__``; they implement
-    :meth:`evaluate` and add their own settings to :meth:`_options`.
+    Every evaluator is built the same way, ``Evaluator(target, tokenizer, drafter_factory,
+    prompts, **options)``; subclasses check their prompt set, then call ``super().__init__``;
+    they implement :meth:`evaluate` and add their own options to :meth:`_options`.
 
     Args:
         target: the verifier (its skip mechanism applies the trial's skip set).
         tokenizer: formats prompts (chat template when present) and decodes outputs.
         drafter_factory: builds a fresh drafter per evaluation.
-        examples: the domain split to run (non-empty; the subclass checks it).
-        metric: the objective metric; ``extra_metrics`` are reported beside it.
-        protocol: how every prompt is decoded (length, scope, temperature, cost, stop
-            tokens, system prompt, prefill reuse, acceptance rule).
+        prompts: the prompts, their metrics and how every prompt is decoded (non-empty: the
+            subclass checks it).
         show_progress: log a DEBUG line per prompt (or batch); a caller's
             :func:`tss_opt.progress.prompt_bar` advances either way.
         prefill_store_gib: the byte budget of the kept prefills, in GiB (least recently used
@@ -198,38 +197,36 @@ class PromptSetEvaluator(ABC):
         target: TargetModel,
         tokenizer: Any,
         drafter_factory: Callable[[], Drafter | None],
-        examples: Sequence[Example],
-        metric: Metric,
+        prompts: PromptSet,
         *,
-        protocol: DecodeProtocol,
-        extra_metrics: Sequence[Metric] = (),
         show_progress: bool = True,
         prefill_store_gib: float | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter_factory = drafter_factory
-        self.examples = list(examples)
-        self.metric = metric
-        self.extra_metrics = list(extra_metrics)
-        self.protocol = protocol
+        self.prompts = prompts
         self.show_progress = show_progress
         self.num_layers = target.num_layers
-        self.metric_name = metric.name
-        self.metric_higher_is_better = metric.higher_is_better
+        self.metric_name = prompts.metric.name
+        self.metric_higher_is_better = prompts.metric.higher_is_better
         self.prefill_store_gib = prefill_store_gib
         # Kept dense prefills under a byte budget (decoding/prefill.py); the subclass's keys.
         self._prefills: PrefillStore[Any, Any] = PrefillStore.from_gib(prefill_store_gib)
         # Tokenise once: every trial runs the same prompts.
         self.prompt_tokens: list[torch.Tensor] = [
-            format_prompt(tokenizer, ex, protocol.system_prompt) for ex in self.examples
+            format_prompt(tokenizer, ex, prompts.protocol.system_prompt) for ex in prompts.examples
         ]
 
     kind: ClassVar[str] = "engine"
     """What produces this evaluator's figures (:data:`EVALUATOR_KINDS`); results carry it."""
 
-    # The protocol's fields, read-only: an evaluator's protocol is fixed at construction
-    # (build another with ``protocol=ev.protocol.replace(...)``).
+    # The prompt set's parts and the protocol's fields, read-only: they are fixed at
+    # construction (build another evaluator with ``ev.prompts.replace(...)``).
+    examples = property(lambda self: self.prompts.examples)
+    metric = property(lambda self: self.prompts.metric)
+    extra_metrics = property(lambda self: self.prompts.extra_metrics)
+    protocol = property(lambda self: self.prompts.protocol)
     max_new_tokens = property(lambda self: self.protocol.max_new_tokens)
     scope = property(lambda self: self.protocol.scope)
     temperature = property(lambda self: self.protocol.temperature)
@@ -239,13 +236,12 @@ class PromptSetEvaluator(ABC):
     reuse_prefill = property(lambda self: self.protocol.reuse_prefill)
 
     def _options(self) -> dict[str, Any]:
-        """The keyword arguments that rebuild this evaluator (on other prompts)."""
-        return {
-            "protocol": self.protocol,
-            "extra_metrics": self.extra_metrics,
-            "show_progress": self.show_progress,
-            "prefill_store_gib": self.prefill_store_gib,
-        }
+        """The keyword options that rebuild this evaluator (on other prompts)."""
+        return {"show_progress": self.show_progress, "prefill_store_gib": self.prefill_store_gib}
+
+    def _current_prompts(self) -> PromptSet:
+        """The prompt set as it now runs (a subclass may hold a swapped part)."""
+        return self.prompts
 
     def release_prefills(self) -> None:
         """Drop the kept prefills (before validation runs its own prompts: one store at a time)."""
@@ -255,7 +251,7 @@ class PromptSetEvaluator(ABC):
         """The same model, drafter, metric and protocol on other prompts (the validation split
         checks the search's candidates this way, with the model loaded once)."""
         return type(self)(
-            self.target, self.tokenizer, self.drafter_factory, examples, self.metric, **self._options()
+            self.target, self.tokenizer, self.drafter_factory, self._current_prompts().on(examples), **self._options()
         )
 
     @property
@@ -294,24 +290,15 @@ class PromptSetEvaluator(ABC):
 
 
 class SpecDecodeEvaluator(PromptSetEvaluator):
-    """Runs the engine over ``examples`` with a skip set and scores the outputs.
+    """Runs the engine over a prompt set with a skip set and scores the outputs.
 
-    Args:
-        target: the verifier (its skip mechanism applies the trial's skip set).
-        tokenizer: formats prompts (chat template when present) and decodes outputs.
-        drafter_factory: builds a fresh drafter per evaluation, so that online-learning
-            drafters (Token Recycling) start equal and same inputs give the same A and M.
-        examples: the domain split to run.
-        metric: the objective metric; ``extra_metrics`` are reported beside it.
-        protocol: the :class:`~tss_opt.decoding.protocol.DecodeProtocol` (default: its
-            defaults). ``cost`` says which cost is the objective (both are recorded);
-            ``reuse_prefill`` in ``"verify"`` scope prefills each prompt with the dense
-            target once and starts every evaluation from a copy (decoding/prefill.py; same
-            tokens, no prompt forward per trial; one KV cache per prompt is kept);
-            ``verification`` is the acceptance rule, and results carry its label and ``lossy``.
-        show_progress: log one DEBUG line per prompt.
-        **settings: protocol fields as keywords (``max_new_tokens=32``, ``scope="all"``,
-            ...): they replace ``protocol``'s (the former keyword arguments).
+    Arguments as :class:`PromptSetEvaluator`. A fresh drafter per evaluation, so that
+    online-learning drafters (Token Recycling) start equal and same inputs give the same A
+    and M. Of the protocol, ``cost`` says which cost is the objective (both are recorded);
+    ``reuse_prefill`` in ``"verify"`` scope prefills each prompt with the dense target once
+    and starts every evaluation from a copy (decoding/prefill.py; same tokens, no prompt
+    forward per trial; one KV cache per prompt is kept); ``verification`` is the acceptance
+    rule, and results carry its label and ``lossy``.
     """
 
     def __init__(
@@ -319,26 +306,20 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         target: TargetModel,
         tokenizer: Any,
         drafter_factory: Callable[[], Drafter | None],
-        examples: Sequence[Example],
-        metric: Metric,
+        prompts: PromptSet,
         *,
-        protocol: DecodeProtocol | None = None,
-        extra_metrics: Sequence[Metric] = (),
         show_progress: bool = True,
         prefill_store_gib: float | None = None,
-        **settings: Any,
     ) -> None:
-        protocol = DecodeProtocol.build(protocol, **settings)
+        protocol = prompts.protocol
         if protocol.cost not in COSTS:
             raise ValueError(f"cost={protocol.cost!r} is not a cost; expected one of {', '.join(COSTS)}")
-        if not examples:
+        if not prompts.examples:
             raise ValueError("the evaluator got no prompts; check the domain's split sizes")
         # A plain attribute: relaxed-weight tuning swaps it for one evaluation.
         self.verifier: Verifier = protocol.verifier
         super().__init__(
-            target, tokenizer, drafter_factory, examples, metric, protocol=protocol,
-            extra_metrics=extra_metrics, show_progress=show_progress,
-            prefill_store_gib=prefill_store_gib,
+            target, tokenizer, drafter_factory, prompts, show_progress=show_progress, prefill_store_gib=prefill_store_gib
         )
         # self._prefills (base class): prompt index -> its dense prefill
         # (skip, next index, drafter) of the last call whose prompts were 0, 1, ..., k - 1:
@@ -346,8 +327,8 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         # evaluation equals one full call even for drafters that learn across prompts.
         self._chain: tuple[frozenset[int], int, Drafter | None] | None = None
 
-    def _options(self) -> dict[str, Any]:
-        return {**super()._options(), "protocol": self.protocol.replace(verification=self.verifier)}
+    def _current_prompts(self) -> PromptSet:
+        return self.prompts.replace(protocol=self.protocol.replace(verification=self.verifier))
 
     def evaluate(
         self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None

@@ -44,9 +44,8 @@ from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
 from tss_opt.decoding.target import TargetModel, additive_mask
 from tss_opt.errors import TSSError
-from tss_opt.evaluation.domains import Example
 from tss_opt.evaluation.evaluator import EvalResult, PromptSetEvaluator
-from tss_opt.evaluation.metrics import Metric
+from tss_opt.evaluation.prompt_set import PromptSet
 from tss_opt.progress import prompts_done
 
 log = logging.getLogger(__name__)
@@ -425,8 +424,8 @@ class ReplayEvaluator(PromptSetEvaluator):
     """The trial evaluator of ``evaluator=replay``: batched greedy generation + drafter replay.
 
     Same arguments and contract as :class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator`
-    (``protocol=`` or its fields as keywords, ``per_prompt``, ``num_prompts``,
-    ``prompt_ids=``), plus ``batch_size``. Of the protocol, ``cost`` must be ``"analytic"``
+    (a :class:`~tss_opt.evaluation.prompt_set.PromptSet`, ``per_prompt``, ``num_prompts``,
+    ``prompt_ids=``), plus ``batch_size``. Of the prompt set's protocol, ``cost`` must be ``"analytic"``
     (no real decoding is timed), ``temperature`` 0 (the replay of speculative sampling is not
     exact) and ``verification`` exact; ``reuse_prefill`` in ``verify`` scope keeps each
     batch's dense prefill (one KV cache per batch of prompt indices) and starts every trial
@@ -447,26 +446,22 @@ class ReplayEvaluator(PromptSetEvaluator):
         target: TargetModel,
         tokenizer: Any,
         drafter_factory: Callable[[], Drafter | None],
-        examples: Sequence[Example],
-        metric: Metric,
+        prompts: PromptSet,
         *,
-        protocol: DecodeProtocol | None = None,
-        extra_metrics: Sequence[Metric] = (),
         show_progress: bool = True,
-        batch_size: int | None = None,
         prefill_store_gib: float | None = None,
-        **settings: Any,
+        batch_size: int | None = None,
     ) -> None:
-        protocol = DecodeProtocol.build(protocol, **settings)
+        protocol = prompts.protocol
         check_replay_protocol(protocol)
         if batch_size is not None and int(batch_size) < 1:
             raise ReplayError(f"evaluator.batch_size={batch_size}; expected a positive integer, or null for the default")
-        if not examples:
+        if not prompts.examples:
             raise ReplayError("the evaluator got no prompts; check the domain's split sizes")
         check_replayable(drafter_factory())  # fail at build time, not in the first trial
         super().__init__(
-            target, tokenizer, drafter_factory, examples, metric, protocol=protocol.replace(temperature=0.0),
-            extra_metrics=extra_metrics, show_progress=show_progress, prefill_store_gib=prefill_store_gib,
+            target, tokenizer, drafter_factory, prompts.replace(protocol=protocol.replace(temperature=0.0)),
+            show_progress=show_progress, prefill_store_gib=prefill_store_gib,
         )
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
         # self._prefills (base class, byte-bounded): (batch, keep_hidden) -> its _Prefill

@@ -6,7 +6,7 @@ Issue 10's goal on held-out prompts, per domain, as computed here:
   ``level`` (0.9) interval of the mean paired metric difference (oriented so that negative
   is worse) is ``>= -tolerance``, with ``tolerance = max(eps_metric * |native's mean
   per-prompt metric|, eps_metric_abs)`` (``relative=True``, the search's default) or
-  ``eps_metric``: the search's own rule, :func:`tss_opt.search.tolerance.metric_tolerance`
+  ``eps_metric``: the search's own rule, :class:`tss_opt.search.tolerance.MetricTolerance`
   (so a domain where native scores 0 is not held to a zero tolerance). This is the
   search's own promise ("kept quality within eps") checked on unseen prompts at one-sided
   95%. The weaker literal reading, "the interval reaches 0" (upper end >= 0: no significant
@@ -31,9 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from tss_opt.config.objectives import ACCEPT_LENGTH
 from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
-from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.report.intervals import Interval, bootstrap_ratio, paired_difference
-from tss_opt.search.tolerance import metric_tolerance
+from tss_opt.search.tolerance import DEFAULT_TOLERANCE, MetricTolerance
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.evaluator import EvalResult
@@ -225,16 +224,15 @@ def domain_verdict(
     prediction: ValidationPrediction | None,
     *,
     native_metric_mean: float,
-    eps_metric: float = 0.05,
-    relative: bool = True,
-    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS,
+    tolerance: MetricTolerance = DEFAULT_TOLERANCE,
     metric_higher_is_better: bool = True,
     dense_kept_reason: str | None = None,
 ) -> DomainVerdict:
-    """Judge one domain (see the module docstring); ``stats=None`` means dense kept."""
+    """Judge one domain (see the module docstring); ``stats=None`` means dense kept;
+    ``tolerance``: the search's metric tolerance."""
     if stats is None:
         return DomainVerdict(dense_kept=True, goal_met=True, summary=f"dense kept ({dense_kept_reason or 'empty skip set'})")
-    tol = metric_tolerance(eps_metric, native_metric_mean, relative=relative, floor=eps_metric_abs)
+    tol = tolerance.delta(native_metric_mean)
     d = stats.metric_diff
     # Orient so that negative is worse whatever the metric's direction.
     lo, hi = (d.lower, d.upper) if metric_higher_is_better else (-d.upper, -d.lower)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
-from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.drafters.registry import distribution_drafters
 from tss_opt.decoding.protocol import DecodeProtocol
@@ -42,6 +41,7 @@ from tss_opt.progress import progress_bar
 from tss_opt.report.assessment import domain_verdict, heldout_stats, validation_prediction
 from tss_opt.report.intervals import check_level
 from tss_opt.report.results import DomainComparison, HeldoutReport, ReportError
+from tss_opt.search.tolerance import DEFAULT_TOLERANCE, MetricTolerance
 
 if TYPE_CHECKING:
     from tss_opt.mapping import DomainMapping, MappingEntry
@@ -96,7 +96,6 @@ def measure_interleaved(
     max_new_tokens: int | None = None,
     warmup: bool = True,
     show_progress: bool = True,
-    **settings: Any,
 ) -> list[EvalResult]:
     """Run the held-out prompts under each of ``methods`` (name, skip set, verifier or ``None``
     for exact), interleaved per prompt: every prompt runs under every method before the next
@@ -105,14 +104,14 @@ def measure_interleaved(
     Args:
         protocol: scope, temperature and stop tokens (default: the defaults); the length and
             system prompt are the domain's (:func:`protocol_for_domain`), the rule each
-            method's. ``**settings``: protocol fields as keywords, replacing ``protocol``'s.
+            method's.
         max_new_tokens: tokens per prompt (``None``: the domain's).
 
     Returns:
         One :class:`EvalResult` per method, in ``methods``' order.
     """
     examples = _heldout_examples(domain, prompts)
-    proto = protocol_for_domain(DecodeProtocol.build(protocol, **settings), domain, max_new_tokens)
+    proto = protocol_for_domain(protocol or DecodeProtocol(), domain, max_new_tokens)
     ids = [format_prompt(tokenizer, ex, proto.system_prompt) for ex in examples]
     rules = {name: proto.replace(verification=v or "exact") for name, _, v in methods}
     engines = {name: rules[name].engine(target, drafter_factory()) for name, _, _ in methods}
@@ -168,7 +167,6 @@ def compare_domain(
     warmup: bool = True,
     show_progress: bool = True,
     verification: Verifier | None = None,
-    **settings: Any,
 ) -> tuple[EvalResult, EvalResult]:
     """Run ``domain``'s held-out prompts densely and with ``skip``, interleaved per prompt.
 
@@ -180,9 +178,8 @@ def compare_domain(
         domain: The domain (its ``heldout`` split is used).
         skip: The domain's skip set S*.
         prompts: Held-out prompts to run (``None``: the whole split, 48 in the protocol).
-        protocol: Scope, temperature and stop tokens (:class:`DecodeProtocol`; its fields may
-            also be given as keywords, ``scope="all"``); length and system prompt are the
-            domain's.
+        protocol: Scope, temperature and stop tokens (:class:`DecodeProtocol`); length and
+            system prompt are the domain's.
         max_new_tokens: Tokens per prompt (``None``: the domain's, 96 in the protocol).
         warmup: Run a few untimed tokens under each method first.
         show_progress: A bar of the prompts on a terminal (:mod:`tss_opt.progress`) and a
@@ -202,7 +199,7 @@ def compare_domain(
     native, tss = measure_interleaved(
         target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None), (TSS, skip, verification)),
         protocol=protocol, prompts=prompts, max_new_tokens=max_new_tokens, warmup=warmup,
-        show_progress=show_progress, **settings,
+        show_progress=show_progress,
     )
     return native, tss
 
@@ -218,7 +215,6 @@ def measure_native(
     max_new_tokens: int | None = None,
     warmup: bool = True,
     show_progress: bool = True,
-    **settings: Any,
 ) -> EvalResult:
     """The held-out prompts with the dense target only: a domain whose mapping keeps dense
     (comparing dense with itself would cost twice the time and show noise as an effect).
@@ -226,7 +222,7 @@ def measure_native(
     (native,) = measure_interleaved(
         target, tokenizer, drafter_factory, domain, ((NATIVE, frozenset(), None),),
         protocol=protocol, prompts=prompts, max_new_tokens=max_new_tokens, warmup=warmup,
-        show_progress=show_progress, **settings,
+        show_progress=show_progress,
     )
     return native
 
@@ -258,10 +254,7 @@ def run_heldout(
     level: float = REPORT_LEVEL,
     resamples: int = REPORT_RESAMPLES,
     seed: int = 0,
-    eps_metric: float = 0.05,
-    relative: bool = True,
-    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS,
-    **settings: Any,
+    tolerance: MetricTolerance = DEFAULT_TOLERANCE,
 ) -> HeldoutReport:
     """:func:`compare_domain` for each of ``domains`` with the mapping's skip sets, judged.
 
@@ -272,11 +265,11 @@ def run_heldout(
     and a verdict (:func:`tss_opt.report.assessment.domain_verdict`).
 
     Args:
-        protocol, prompts, max_new_tokens, **settings: As for :func:`compare_domain`.
+        protocol, prompts, max_new_tokens: As for :func:`compare_domain`.
         level: Two-sided coverage of the intervals (0.9).
         resamples, seed: The paired bootstrap of the ratios (speedup, accepted-length ratio).
-        eps_metric, relative, eps_metric_abs: The metric tolerance of the verdict (the
-            search's rule: :func:`tss_opt.search.tolerance.metric_tolerance`).
+        tolerance: The metric tolerance of the verdict (the search's:
+            ``MetricTolerance.of(settings)``).
 
     Raises:
         ReportError: A domain has no mapping entry.
@@ -284,7 +277,7 @@ def run_heldout(
         tss_opt.mapping.MappingError: The mapping is for another model.
     """
     check_level(level)
-    protocol = DecodeProtocol.build(protocol, **settings)
+    protocol = protocol or DecodeProtocol()
     mapping.check_model(model_id, target.num_layers)
     missing = [d.name for d in domains if mapping.entry_for(d.name) is None]
     if missing:
@@ -312,9 +305,7 @@ def run_heldout(
         level=level,
         resamples=resamples,
         seed=seed,
-        eps_metric=eps_metric,
-        relative=relative,
-        eps_metric_abs=eps_metric_abs,
+        tolerance=tolerance,
     )
     t0 = time.perf_counter()
     outer = progress_bar(len(domains), "held-out report", unit="domain", enabled=show_progress)
@@ -352,10 +343,7 @@ def run_heldout(
             dense_kept_reason=reason,
             verification=tss.verification if tss is not None else "exact",
         )
-        assess(
-            comp, level=level, resamples=resamples, seed=seed, eps_metric=eps_metric, relative=relative,
-            eps_metric_abs=eps_metric_abs,
-        )
+        assess(comp, level=level, resamples=resamples, seed=seed, tolerance=tolerance)
         report.domains.append(comp)
         if show_progress:
             if tss is None:
@@ -384,9 +372,7 @@ def assess(
     level: float = REPORT_LEVEL,
     resamples: int = REPORT_RESAMPLES,
     seed: int = 0,
-    eps_metric: float = 0.05,
-    relative: bool = True,
-    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS,
+    tolerance: MetricTolerance = DEFAULT_TOLERANCE,
 ) -> DomainComparison:
     """Fill ``comp``'s ``stats``, ``prediction`` and ``verdict`` from its measurements and its
     mapping entry (:mod:`tss_opt.report.assessment`); returns ``comp``."""
@@ -394,8 +380,8 @@ def assess(
     comp.prediction = None if comp.tss is None else validation_prediction(comp.entry)
     scores = [p.score for p in comp.native.prompts]
     comp.verdict = domain_verdict(
-        comp.stats, comp.prediction, native_metric_mean=sum(scores) / max(1, len(scores)), eps_metric=eps_metric,
-        relative=relative, eps_metric_abs=eps_metric_abs, metric_higher_is_better=comp.metric_higher_is_better, dense_kept_reason=comp.dense_kept_reason,
+        comp.stats, comp.prediction, native_metric_mean=sum(scores) / max(1, len(scores)), tolerance=tolerance,
+        metric_higher_is_better=comp.metric_higher_is_better, dense_kept_reason=comp.dense_kept_reason,
     )
     return comp
 

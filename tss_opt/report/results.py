@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from tss_opt.config.enums import Verification
 from tss_opt.config.schema import REPORT_LEVEL, REPORT_RESAMPLES
-from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.errors import TSSError
+from tss_opt.search.tolerance import MetricTolerance
 
 if TYPE_CHECKING:
     from tss_opt.evaluation.evaluator import EvalResult
@@ -99,9 +99,8 @@ class HeldoutReport:
     """The whole report: model, drafter, protocol and one comparison per domain.
 
     ``level``, ``resamples`` and ``seed`` are the intervals' (two-sided coverage, bootstrap
-    resamples and seed, :mod:`tss_opt.report.intervals`); ``eps_metric``, ``relative`` and
-    ``eps_metric_abs`` the metric tolerance of the verdict (:mod:`tss_opt.report.assessment`,
-    :func:`tss_opt.search.tolerance.metric_tolerance`).
+    resamples and seed, :mod:`tss_opt.report.intervals`); ``tolerance`` the metric tolerance
+    of the verdict (:mod:`tss_opt.report.assessment`; the search's, from its settings).
     """
 
     model: str
@@ -116,7 +115,5 @@ class HeldoutReport:
     level: float = REPORT_LEVEL
     resamples: int = REPORT_RESAMPLES
     seed: int = 0
-    eps_metric: float = 0.05
-    relative: bool = True
-    eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS
+    tolerance: MetricTolerance = field(default_factory=MetricTolerance)
     plots: dict[str, str] = field(default_factory=dict)  # report-wide figures (``speedup``)

@@ -253,10 +253,11 @@ def markdown_report(report: HeldoutReport, link_base: str | os.PathLike[str] | N
                 f"Mean over {len(speedups)} domain(s): speedup {sum(speedups) / len(speedups):.2f}×, "
                 f"accepted length {100 * sum(gains) / max(1, len(gains)):+.1f}%.",
             ]
+        t = report.tolerance
         tol = (
-            f"max(eps_metric={report.eps_metric:g} × native's mean, eps_metric_abs={report.eps_metric_abs:g})"
-            if report.relative
-            else f"eps_metric={report.eps_metric:g} (absolute)"
+            f"max(eps_metric={t.eps:g} × native's mean, eps_metric_abs={t.floor:g})"
+            if t.relative
+            else f"eps_metric={t.eps:g} (absolute)"
         )
         parts += [
             "",
@@ -337,9 +338,7 @@ def report_to_dict(report: HeldoutReport) -> dict[str, Any]:
             "seed": report.seed,
         },
         "verdict_rule": {
-            "eps_metric": report.eps_metric,
-            "relative": report.relative,
-            "eps_metric_abs": report.eps_metric_abs,
+            **report.tolerance.to_dict(),
             "tolerance": "max(eps_metric * |native mean|, eps_metric_abs) if relative and eps_metric > 0, "
             "else eps_metric * |native mean| (relative) or eps_metric (absolute)",
             "metric": "lower end of the oriented metric-difference interval >= -tolerance",

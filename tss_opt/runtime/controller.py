@@ -178,7 +178,7 @@ class TSSController:
             "eos_token_ids": eos_token_ids, "temperature": temperature,
             "max_new_tokens": max_new_tokens, "verification": verification,
         }
-        protocol = DecodeProtocol.build(protocol, **{k: v for k, v in given.items() if v is not None})
+        protocol = (protocol or DecodeProtocol()).replace(**{k: v for k, v in given.items() if v is not None})
         if not isinstance(mapping, DomainMapping):
             mapping = load_mapping(mapping)
         check_mapping_model(mapping, model_id, target.num_layers)

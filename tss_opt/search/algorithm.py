@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC, OBJECTIVE_NAMES
 from tss_opt.config.search import SearchSettings
 from tss_opt.search.feasibility import PairedFeasibility, PerPrompt, Verdict
-from tss_opt.search.tolerance import metric_tolerance
+from tss_opt.search.tolerance import MetricTolerance
 
 __all__ = [
     "Config",
@@ -179,11 +179,11 @@ def thresholds_for(
 ) -> Thresholds:
     """Feasibility thresholds (eps) or, with ``pool=True``, candidate-pool thresholds (tau)."""
     tol_a = settings.tau_accept if pool else settings.eps_accept
-    tol_m = settings.tau_metric if pool else settings.eps_metric
     # relative: A0 * (1 - eps) for a non-negative baseline; |A0| keeps the bound on the
-    # "worse" side of a negative baseline too. The metric's tolerance has a floor (issue 36).
+    # "worse" side of a negative baseline too. The metric's tolerance has a floor where
+    # native's metric is near 0 (MetricTolerance).
     delta_a = tol_a * abs(baseline.accept_length) if settings.relative else tol_a
-    delta_m = metric_tolerance(tol_m, baseline.metric, relative=settings.relative, floor=settings.eps_metric_abs)
+    delta_m = MetricTolerance.of(settings, pool=pool).delta(baseline.metric)
     return Thresholds(
         accept=_bound(baseline.accept_length, delta_a, True),
         metric=_bound(baseline.metric, delta_m, metric_higher_is_better),
@@ -205,16 +205,7 @@ def feasibility_for(
     """
     pp = baseline.per_prompt
     if settings.feasibility == "paired" and pp is not None and pp.n >= 2:
-        return PairedFeasibility.build(
-            pp,
-            eps_accept=settings.tau_accept if pool else settings.eps_accept,
-            eps_metric=settings.tau_metric if pool else settings.eps_metric,
-            relative=settings.relative,
-            confidence=settings.confidence,
-            metric_higher_is_better=metric_higher_is_better,
-            max_repetition_increase=settings.max_repetition_increase,
-            eps_metric_abs=settings.eps_metric_abs,
-        )
+        return PairedFeasibility.build(pp, settings, pool=pool, metric_higher_is_better=metric_higher_is_better)
     return thresholds_for(
         baseline, settings, metric_higher_is_better=metric_higher_is_better, pool=pool
     )

@@ -16,7 +16,7 @@ Method (analytic and deterministic, no resampling):
   ``lower = mean - q * se`` and the upper one ``upper = mean + q * se``.
 - The tolerance is ``delta = eps * |mean of dense's per-prompt values|`` (``relative=True``)
   or ``delta = eps`` (``relative=False``); the metric's relative tolerance is at least
-  ``eps_metric_abs`` (:func:`tss_opt.search.tolerance.metric_tolerance`, issue 36).
+  ``eps_metric_abs`` (:class:`tss_opt.search.tolerance.MetricTolerance`).
 - **Feasible** when, for accepted length and for the metric, ``lower >= -delta``: at
   confidence ``c`` the true mean loss is within the tolerance. The constraint value written
   to Optuna is ``-delta - lower`` (<= 0: feasible; > 0: by how much the bound misses).
@@ -66,7 +66,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC, PAIRED_OBJECTIVES
-from tss_opt.search.tolerance import DEFAULT_EPS_METRIC_ABS, metric_tolerance
+from tss_opt.config.search import SearchSettings
+from tss_opt.search.tolerance import MetricTolerance
 
 __all__ = [
     "FEASIBILITIES",
@@ -319,20 +320,21 @@ class PairedFeasibility:
     def build(
         cls,
         baseline: PerPrompt,
+        settings: SearchSettings,
         *,
-        eps_accept: float,
-        eps_metric: float,
-        relative: bool,
-        confidence: float,
+        pool: bool = False,
         metric_higher_is_better: bool = True,
-        max_repetition_increase: float = 0.1,
-        eps_metric_abs: float = DEFAULT_EPS_METRIC_ABS,
     ) -> PairedFeasibility:
-        """Tolerances from eps: relative ones are fractions of dense's per-prompt means; the
-        metric's has the floor ``eps_metric_abs`` (:func:`tss_opt.search.tolerance.metric_tolerance`)."""
-        tol_a = eps_accept * abs(_mean(baseline.accept_length)) if relative else eps_accept
-        tol_m = metric_tolerance(eps_metric, _mean(baseline.metric), relative=relative, floor=eps_metric_abs)
-        return cls(baseline, tol_a, tol_m, confidence, metric_higher_is_better, max_repetition_increase)
+        """The rule of ``settings``: its eps (with ``pool``, its tau), ``relative``,
+        ``confidence`` and ``max_repetition_increase``. Relative tolerances are fractions of
+        dense's per-prompt means; the metric's is :class:`~tss_opt.search.tolerance.MetricTolerance`
+        (with its floor)."""
+        eps_accept = settings.tau_accept if pool else settings.eps_accept
+        tol_a = eps_accept * abs(_mean(baseline.accept_length)) if settings.relative else eps_accept
+        tol_m = MetricTolerance.of(settings, pool=pool).delta(_mean(baseline.metric))
+        return cls(
+            baseline, tol_a, tol_m, settings.confidence, metric_higher_is_better, settings.max_repetition_increase
+        )
 
     @property
     def n(self) -> int:

@@ -5,8 +5,9 @@ Two things name a study and must not change when it is resumed or joined:
 - the **search settings** that decide which configurations are evaluated
   (:data:`IDENTITY_FIELDS`, hashed by :func:`settings_hash` into the study name);
 - the **protocol**, what one trial measures (prompts, tokens, split, scope, cost,
-  temperature, dtype...: ``metadata["protocol"]``, hashed by :func:`protocol_hash`), and the
-  identity metadata (model, layer count, drafter, domain, split).
+  temperature, dtype...: ``metadata["protocol"]``, hashed by :func:`protocol_hash`; the
+  commands derive it from one frozen value whose fields declare their keys, the evaluation
+  layer's ``StudyProtocol``), and the identity metadata (model, layer count, drafter, domain, split).
 
 :func:`study_name_for` builds ``<domain>.<model>.<drafter>.<split>.s<settings hash>``; the
 commands append ``.p<protocol hash>``. :func:`check_same_search` is applied by
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 __all__ = [
     "IDENTITY_FIELDS",
     "IDENTITY_METADATA",
-    "PROTOCOL_KEYS",
     "StudyMismatchError",
     "check_directions",
     "check_same_search",
@@ -49,12 +49,6 @@ __all__ = [
 
 # Metadata keys that identify what a study measures; a resume must not change them.
 IDENTITY_METADATA = ("model", "num_layers", "drafter", "domain", "split")
-# Protocol keys the commands store under metadata["protocol"]; any key present in both the
-# stored and the requested protocol must agree.
-PROTOCOL_KEYS = (
-    "prompts", "max_new_tokens", "split", "scope", "cost", "temperature", "dtype", "evaluator", "verification",
-    "compile",
-)
 
 
 class StudyMismatchError(TSSError):

@@ -1,6 +1,7 @@
 """The metric tolerance ``delta_M``: how much mean metric loss a skip set may show against dense.
 
-One function, used wherever a metric is judged against native (dense):
+One value, :class:`MetricTolerance` (the search's ``eps_metric``, ``relative`` and
+``eps_metric_abs``), used wherever a metric is judged against native (dense):
 
 - the search's feasibility and candidate pool (:func:`tss_opt.search.algorithm.thresholds_for`
   for the point rule, :meth:`tss_opt.search.feasibility.PairedFeasibility.build` for the paired
@@ -33,42 +34,70 @@ Accepted length has no floor: it is at least 1, so ``eps * A0 >= eps``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
-from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
+from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS, SearchSettings
 
-__all__ = ["DEFAULT_EPS_METRIC_ABS", "metric_tolerance"]
+__all__ = ["DEFAULT_EPS_METRIC_ABS", "DEFAULT_TOLERANCE", "MetricTolerance"]
 
 
-def metric_tolerance(
-    eps: float, native: float, *, relative: bool, floor: float = DEFAULT_EPS_METRIC_ABS
-) -> float:
-    """The allowed mean metric loss against native (module docstring).
+@dataclass(frozen=True)
+class MetricTolerance:
+    """The metric tolerance rule (module docstring) as one value.
 
-    Args:
+    Attributes:
         eps: ``eps_metric`` (or ``tau_metric`` for the candidate pool): a fraction of native's
             mean metric when ``relative``, else an absolute loss.
-        native: Native's (dense's) mean metric on the same prompts.
         relative: ``SearchSettings.relative``.
         floor: ``SearchSettings.eps_metric_abs``, the absolute floor of a positive relative
             tolerance (``>= 0``; 0 disables it).
 
-    Returns:
-        ``delta_M`` (``>= 0`` unless ``eps < 0`` requires a gain).
-
     Raises:
-        ValueError: ``floor`` is negative or not finite, or ``native`` is not finite.
+        ValueError: ``floor`` is negative or not finite.
 
     Example:
-        >>> metric_tolerance(0.05, 0.3, relative=True)  # the paper's 5 %: the floor is below it
+        >>> MetricTolerance(0.05).delta(0.3)  # the paper's 5 %: the floor is below it
         0.015
-        >>> metric_tolerance(0.05, 0.0, relative=True)  # native scores 0: the floor
+        >>> MetricTolerance(0.05).delta(0.0)  # native scores 0: the floor
         0.005
     """
-    if not math.isfinite(floor) or floor < 0:
-        raise ValueError(f"eps_metric_abs={floor!r} must be a finite number >= 0 (e.g. 0.005; 0 disables the floor)")
-    if not math.isfinite(native):
-        raise ValueError(f"native's mean metric is {native!r}; a tolerance needs a finite number")
-    if not relative:
-        return eps
-    delta = eps * abs(native)
-    return max(delta, floor) if eps > 0 else delta
+
+    eps: float = 0.05
+    relative: bool = True
+    floor: float = DEFAULT_EPS_METRIC_ABS
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.floor) or self.floor < 0:
+            raise ValueError(
+                f"eps_metric_abs={self.floor!r} must be a finite number >= 0 (e.g. 0.005; 0 disables the floor)"
+            )
+
+    @classmethod
+    def of(cls, settings: SearchSettings, *, pool: bool = False) -> MetricTolerance:
+        """The search's feasibility tolerance (``eps_metric``) or, with ``pool``, its candidate
+        pool's (``tau_metric``), under the settings' ``relative`` and ``eps_metric_abs``."""
+        eps = settings.tau_metric if pool else settings.eps_metric
+        return cls(float(eps), bool(settings.relative), float(settings.eps_metric_abs))
+
+    def delta(self, native: float) -> float:
+        """The allowed mean metric loss against native's mean metric ``native`` (``>= 0``
+        unless ``eps < 0`` requires a gain).
+
+        Raises:
+            ValueError: ``native`` is not finite.
+        """
+        if not math.isfinite(native):
+            raise ValueError(f"native's mean metric is {native!r}; a tolerance needs a finite number")
+        if not self.relative:
+            return self.eps
+        delta = self.eps * abs(native)
+        return max(delta, self.floor) if self.eps > 0 else delta
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings under their configuration names (``search.eps_metric``, ...)."""
+        return {"eps_metric": self.eps, "relative": self.relative, "eps_metric_abs": self.floor}
+
+
+DEFAULT_TOLERANCE = MetricTolerance()
+"""The search's default: 5 % of native's mean metric, at least 0.005."""

@@ -145,7 +145,7 @@ def validate_candidates(
             first).
         evaluator: The validation evaluator; it must return ``per_prompt`` (>= 2 prompts).
         k: Candidates to check (default 3).
-        settings: eps, ``eps_metric_abs``, ``relative``, ``confidence``,
+        settings: eps and the metric tolerance, ``relative``, ``confidence``,
             ``max_repetition_increase``; default: the result's settings (else ``SearchSettings()``).
         metric_higher_is_better: Default: the result's, else the evaluator's attribute.
         storage: With a ``SearchResult``: also store the outcome on its study (user
@@ -213,16 +213,7 @@ def _validate(
             + ". Return 'per_prompt' (see docs/evaluator.md) and use a validation split of "
             ">= 2 prompts."
         )
-    rule = PairedFeasibility.build(
-        dense.per_prompt,
-        eps_accept=settings.eps_accept,
-        eps_metric=settings.eps_metric,
-        relative=settings.relative,
-        confidence=settings.confidence,
-        metric_higher_is_better=metric_higher_is_better,
-        max_repetition_increase=settings.max_repetition_increase,
-        eps_metric_abs=settings.eps_metric_abs,
-    )
+    rule = PairedFeasibility.build(dense.per_prompt, settings, metric_higher_is_better=metric_higher_is_better)
     n = dense.per_prompt.n
     checks: list[CandidateCheck] = []
     chosen: tuple[int, ...] = ()

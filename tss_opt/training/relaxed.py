@@ -35,16 +35,14 @@ import torch
 
 from tss_opt.config.enums import Verification
 from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
-from tss_opt.config.schema import RELAXED_WEIGHTS, RelaxedSettings
-from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
+from tss_opt.config.schema import RelaxedSettings
 from tss_opt.decoding.verify.arbitration import FEATURES, LinearFeaturePolicy, LogisticPolicy
 from tss_opt.decoding.verify.blend_weight import LearnedWeight
 from tss_opt.decoding.verify.relaxed import Verifier, check_weight
 from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
+from tss_opt.search.tolerance import DEFAULT_TOLERANCE, MetricTolerance
 
 log = logging.getLogger(__name__)
-
-DEFAULT_WEIGHTS: tuple[float, ...] = RELAXED_WEIGHTS  # the config's grid (relaxed.weights)
 
 
 @dataclass
@@ -118,26 +116,23 @@ def check_against_dense(
     skip: frozenset[int] | Sequence[int],
     reference: EvalResult,
     *,
-    eps: float = 0.05,
+    tolerance: MetricTolerance = DEFAULT_TOLERANCE,
     confidence: float = 0.8,
-    relative: bool = True,
-    eps_abs: float = DEFAULT_EPS_METRIC_ABS,
 ) -> Judged:
     """Run ``verifier`` under ``skip`` and apply the paired metric rule against ``reference``.
 
     Feasible when the one-sided paired lower bound (:func:`tss_opt.search.feasibility.paired_bound`)
-    of the metric change is within ``eps`` (relative to the dense metric when ``relative``, at
-    least ``eps_abs``: :func:`tss_opt.search.tolerance.metric_tolerance`): the search's metric
-    constraint, as :func:`search_weight` applies it.
+    of the metric change is within ``tolerance`` of the dense metric (the search's
+    :class:`~tss_opt.search.tolerance.MetricTolerance`): the search's metric constraint, as
+    :func:`search_weight` applies it.
     """
     from tss_opt.search.feasibility import paired_bound
-    from tss_opt.search.tolerance import metric_tolerance
 
     if evaluator.num_prompts < 2:
         raise ValueError(f"the paired metric rule needs at least 2 calibration prompts, got {evaluator.num_prompts}")
     ref_scores = [p.score for p in reference.prompts]
     sign = 1.0 if evaluator.metric_higher_is_better else -1.0
-    tol = metric_tolerance(eps, sum(ref_scores) / len(ref_scores), relative=relative, floor=eps_abs)
+    tol = tolerance.delta(sum(ref_scores) / len(ref_scores))
     r = _with_verifier(evaluator, verifier, frozenset(int(i) for i in skip))
     _, lower, _ = paired_bound([p.score for p in r.prompts], ref_scores, confidence, sign=sign)
     judged = Judged(
@@ -152,22 +147,19 @@ def check_against_dense(
 def search_weight(
     evaluator: SpecDecodeEvaluator,
     skip: frozenset[int] | Sequence[int] = frozenset(),
-    weights: Sequence[float] = DEFAULT_WEIGHTS,
+    settings: RelaxedSettings | None = None,
     *,
-    eps: float = 0.05,
+    tolerance: MetricTolerance = DEFAULT_TOLERANCE,
     confidence: float = 0.8,
-    relative: bool = True,
     reference: EvalResult | None = None,
-    eps_abs: float = DEFAULT_EPS_METRIC_ABS,
 ) -> WeightSearch:
     """Choose DIVERSED's ``w`` for one domain and skip set on the evaluator's prompts.
 
     Args:
         evaluator: runs the calibration prompts (at least 2).
         skip: the domain's skip set (from the first stage, the TSS search).
-        weights: the grid, each in [0, 1].
-        eps: the metric tolerance (relative to the dense metric when ``relative``), as the
-            search's ``eps``; ``eps_abs`` its floor (the search's ``eps_metric_abs``).
+        settings: the grid ``weights``, each in [0, 1] (default: :class:`RelaxedSettings`').
+        tolerance: the search's metric tolerance.
         confidence: one-sided confidence of the paired bound.
         reference: the dense exact run (computed when not given).
 
@@ -175,7 +167,7 @@ def search_weight(
         :class:`WeightSearch`; a ``w`` is feasible when the paired lower bound of its metric
         change against the dense exact run is within the tolerance.
     """
-    grid = [check_weight(w) for w in weights]
+    grid = [check_weight(w) for w in (settings or RelaxedSettings()).weights]
     if evaluator.num_prompts < 2:
         raise ValueError(f"search_weight needs at least 2 calibration prompts, got {evaluator.num_prompts}")
     skip = frozenset(int(i) for i in skip)
@@ -184,8 +176,7 @@ def search_weight(
     best_w, best_a = 1.0, float("-inf")
     for w in grid:
         j = check_against_dense(
-            evaluator, Verifier(Verification.diversed, weight=w), skip, ref, eps=eps, confidence=confidence,
-            relative=relative, eps_abs=eps_abs,
+            evaluator, Verifier(Verification.diversed, weight=w), skip, ref, tolerance=tolerance, confidence=confidence
         )
         rows.append(
             {"weight": w, ACCEPT_LENGTH: j.accept_length, METRIC: j.metric, "lower": j.lower,
@@ -278,11 +269,8 @@ class PolicyTraining:
 def train_cospec_policy(
     evaluator: SpecDecodeEvaluator,
     skip: frozenset[int] | Sequence[int] = frozenset(),
+    settings: RelaxedSettings | None = None,
     *,
-    epochs: int = RelaxedSettings.epochs,
-    lr: float = RelaxedSettings.lr,
-    step_cost: float = RelaxedSettings.step_cost,
-    seed: int = 0,
     policy: LogisticPolicy | None = None,
 ) -> PolicyTraining:
     """REINFORCE for CoSpec's arbitration policy on the evaluator's (calibration) prompts.
@@ -294,12 +282,14 @@ def train_cospec_policy(
     epoch's mean reward. Updates once per epoch (a pass over the prompts).
 
     Args:
-        epochs: passes over the prompts; keep it small (each is one evaluation).
-        lr: step size on the weights of :data:`FEATURES`.
-        step_cost: weight of the steps-per-token cost in the reward.
+        settings: ``epochs`` (passes over the prompts; keep it small: each is one
+            evaluation), ``lr`` (step size on the weights of :data:`FEATURES`), ``step_cost``
+            (weight of the steps-per-token cost in the reward), ``seed`` (default:
+            :class:`RelaxedSettings`').
         policy: the starting policy (default: :class:`LogisticPolicy` keeping rarely).
     """
-    pol = policy or LogisticPolicy(seed=seed)
+    s = settings or RelaxedSettings()
+    pol = policy or LogisticPolicy(seed=s.seed)
 
     def term(advantage: float, decision: tuple[torch.Tensor, float, float]) -> tuple[torch.Tensor, float]:
         # d log Bernoulli(a; pi) / d theta = (a - pi) * features (pi = sigmoid(theta . features)).
@@ -308,7 +298,7 @@ def train_cospec_policy(
 
     history = _reinforce(
         evaluator, frozenset(int(i) for i in skip), pol, Verifier(Verification.cospec, policy=pol),
-        epochs=epochs, lr=lr, step_cost=step_cost, term=term,
+        epochs=s.epochs, lr=s.lr, step_cost=s.step_cost, term=term,
         summary=lambda kept, decisions: {"keep_rate": kept / decisions if decisions else 0.0},
         rule="CoSpec", describe=lambda row: f"keep {row['keep_rate']:.2f}",
     )
@@ -332,13 +322,8 @@ class WeightTraining:
 def train_diversed_weight(
     evaluator: SpecDecodeEvaluator,
     skip: frozenset[int] | Sequence[int] = frozenset(),
+    settings: RelaxedSettings | None = None,
     *,
-    epochs: int = RelaxedSettings.epochs,
-    lr: float = RelaxedSettings.lr,
-    step_cost: float = RelaxedSettings.step_cost,
-    sigma: float = RelaxedSettings.sigma,
-    init_weight: float = RelaxedSettings.init_weight,
-    seed: int = 0,
     policy: LearnedWeight | None = None,
 ) -> WeightTraining:
     """REINFORCE for DIVERSED's context-dependent weight on the evaluator's (calibration) prompts.
@@ -354,16 +339,17 @@ def train_diversed_weight(
     does, and falls back to exact when it does not keep the metric).
 
     Args:
-        epochs: passes over the prompts; each is one evaluation.
-        lr: step size on the weights of :data:`FEATURES`.
-        step_cost: weight of the steps-per-token cost in the reward.
-        sigma: exploration noise in logits.
-        init_weight: the starting ``w`` (bias only) when ``policy`` is not given.
+        settings: ``epochs`` (passes over the prompts; each is one evaluation), ``lr`` (step
+            size on the weights of :data:`FEATURES`), ``step_cost`` (weight of the
+            steps-per-token cost in the reward), ``sigma`` (exploration noise in logits),
+            ``init_weight`` (the starting ``w``, bias only, when ``policy`` is not given),
+            ``seed`` (default: :class:`RelaxedSettings`').
         policy: the starting policy.
     """
-    if epochs < 1:
-        raise ValueError(f"epochs={epochs}; train for at least 1 epoch")
-    pol = policy or LearnedWeight(init_weight=init_weight, sigma=sigma, seed=seed)
+    s = settings or RelaxedSettings()
+    if s.epochs < 1:
+        raise ValueError(f"relaxed.epochs={s.epochs}; train for at least 1 epoch")
+    pol = policy or LearnedWeight(init_weight=s.init_weight, sigma=s.sigma, seed=s.seed)
 
     def term(advantage: float, decision: tuple[torch.Tensor, float, float]) -> tuple[torch.Tensor, float]:
         # d log N(z; mu, sigma) / d theta = (z - mu) / sigma^2 * features; the statistic is the
@@ -373,7 +359,7 @@ def train_diversed_weight(
 
     history = _reinforce(
         evaluator, frozenset(int(i) for i in skip), pol, Verifier(Verification.diversed, weight_policy=pol),
-        epochs=epochs, lr=lr, step_cost=step_cost, term=term,
+        epochs=s.epochs, lr=s.lr, step_cost=s.step_cost, term=term,
         summary=lambda w_sum, decisions: {
             "mean_weight": w_sum / decisions if decisions else float("nan"),
             "decisions": float(decisions),

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tss_opt.config.enums import Verification
 from tss_opt.config.objectives import ACCEPT_LENGTH, METRIC
 from tss_opt.config.schema import RelaxedSettings
-from tss_opt.config.search import DEFAULT_EPS_METRIC_ABS
 from tss_opt.decoding.verify.arbitration import LogisticPolicy, ThresholdPolicy
 from tss_opt.decoding.verify.relaxed import (
     RelaxedVerificationError,
@@ -35,8 +34,8 @@ from tss_opt.decoding.verify.relaxed import (
     settings_label,
 )
 from tss_opt.evaluation.evaluator import EvalResult, SpecDecodeEvaluator
+from tss_opt.search.tolerance import DEFAULT_TOLERANCE, MetricTolerance
 from tss_opt.training.relaxed import (
-    DEFAULT_WEIGHTS,
     Judged,
     check_against_dense,
     dense_reference,
@@ -91,7 +90,8 @@ class RelaxedChoice:
         chosen: the chosen candidate (``exact`` when no relaxed one kept the metric).
         history: per learned rule, its REINFORCE history.
         learned: per learned rule's name, the object (save it with :meth:`save_learned`).
-        rule: the metric rule's ``eps``, ``confidence``, ``relative``.
+        rule: the paired metric rule: the tolerance (:meth:`MetricTolerance.to_dict`, the
+            configuration's names) and ``confidence``.
         num_prompts, max_new_tokens: the calibration protocol.
     """
 
@@ -181,20 +181,10 @@ def tune_relaxed(
     evaluator: SpecDecodeEvaluator,
     mode: Verification | str,
     skip: frozenset[int] | Sequence[int] = frozenset(),
+    settings: RelaxedSettings | None = None,
     *,
-    weights: Sequence[float] = DEFAULT_WEIGHTS,
-    tau_draft: float = RelaxedSettings.tau_draft,
-    tau_target: float = RelaxedSettings.tau_target,
-    epochs: int = RelaxedSettings.epochs,
-    lr: float = RelaxedSettings.lr,
-    step_cost: float = RelaxedSettings.step_cost,
-    sigma: float = RelaxedSettings.sigma,
-    init_weight: float = RelaxedSettings.init_weight,
-    seed: int = 0,
-    eps: float = 0.05,
+    tolerance: MetricTolerance = DEFAULT_TOLERANCE,
     confidence: float = 0.8,
-    relative: bool = True,
-    eps_abs: float = DEFAULT_EPS_METRIC_ABS,
     learn: bool = True,
     reference: EvalResult | None = None,
 ) -> RelaxedChoice:
@@ -204,13 +194,13 @@ def tune_relaxed(
         evaluator: runs the calibration prompts (at least 2); its verifier is restored.
         mode: ``diversed`` or ``cospec``.
         skip: the domain's skip set.
-        weights: DIVERSED's fixed weights, each in [0, 1] (1.0 = exact; skipped, exact is
-            always a candidate).
-        tau_draft, tau_target: CoSpec's threshold baseline.
-        epochs, lr, step_cost, sigma, init_weight, seed: the REINFORCE settings
-            (:func:`train_diversed_weight`, :func:`train_cospec_policy`).
-        eps, confidence, relative, eps_abs: the paired metric rule (the search's ``eps_metric``,
-            ``confidence``, ``relative``, ``eps_metric_abs``).
+        settings: the ``relaxed`` settings (default: :class:`RelaxedSettings`'): ``weights``,
+            DIVERSED's fixed weights, each in [0, 1] (1.0 = exact; skipped, exact is always a
+            candidate); ``tau_draft``, ``tau_target``, CoSpec's threshold baseline; ``epochs``,
+            ``lr``, ``step_cost``, ``sigma``, ``init_weight``, ``seed``, the REINFORCE
+            settings (:func:`train_diversed_weight`, :func:`train_cospec_policy`).
+        tolerance, confidence: the paired metric rule (the search's metric tolerance and
+            ``confidence``).
         learn: also train and judge the learned rule.
         reference: the dense exact run on the same prompts (computed when not given; pass it
             to tune both modes against one reference).
@@ -223,9 +213,10 @@ def tune_relaxed(
         raise RelaxedVerificationError(
             "tuning needs a lossy mode: verification=diversed or verification=cospec (exact has nothing to tune)"
         )
-    grid = [check_weight(w) for w in weights]
+    rs = settings or RelaxedSettings()
+    grid = [check_weight(w) for w in rs.weights]
     skip = frozenset(int(i) for i in skip)
-    rule = {"eps": eps, "confidence": confidence, "relative": relative, "eps_abs": eps_abs}
+    rule = {**tolerance.to_dict(), "confidence": confidence}
     ref = reference
     if ref is None:
         ref = dense_reference(evaluator)
@@ -233,7 +224,7 @@ def tune_relaxed(
 
     def judge(name: str, m: str, settings: dict[str, Any], verifier: Verifier, learned: bool = False) -> Candidate:
         log.info("candidate %s under skip %s", name, sorted(skip))
-        j = check_against_dense(evaluator, verifier, skip, ref, **rule)
+        j = check_against_dense(evaluator, verifier, skip, ref, tolerance=tolerance, confidence=confidence)
         return Candidate(name, m, settings, j, learned)
 
     cands = [judge(EXACT, EXACT, {}, Verifier(Verification.exact))]
@@ -246,25 +237,21 @@ def tune_relaxed(
             cands.append(judge(f"fixed w={w:.2f}", "diversed", {"weight": w}, Verifier(mode, weight=w)))
         if learn:
             fixed = [c for c in cands[1:] if c.judged.feasible]
-            start = max(fixed, key=lambda c: c.judged.accept_length).settings["weight"] if fixed else init_weight
+            start = max(fixed, key=lambda c: c.judged.accept_length).settings["weight"] if fixed else rs.init_weight
             # Keep the start inside the sigmoid's working range: from w = 0 (logit -14) the
             # exploration noise would never reach another weight.
             start = min(max(start, 0.05), 0.95)
-            log.info("training the DIVERSED weight (REINFORCE, %d epochs, start w=%.2f)", epochs, start)
-            trained = train_diversed_weight(
-                evaluator, skip, epochs=epochs, lr=lr, step_cost=step_cost, sigma=sigma, init_weight=start, seed=seed
-            )
+            log.info("training the DIVERSED weight (REINFORCE, %d epochs, start w=%.2f)", rs.epochs, start)
+            trained = train_diversed_weight(evaluator, skip, replace(rs, init_weight=start))
             history["learned weight"] = trained.history
             learned["learned weight"] = trained.policy
             cands.append(judge("learned weight", "diversed", {}, Verifier(mode, weight_policy=trained.policy), True))
     else:
-        taus = {"tau_draft": float(tau_draft), "tau_target": float(tau_target)}
+        taus = {"tau_draft": float(rs.tau_draft), "tau_target": float(rs.tau_target)}
         cands.append(judge("threshold", "cospec", taus, Verifier(mode, policy=ThresholdPolicy(**taus))))
         if learn:
-            log.info("training the CoSpec policy (REINFORCE, %d epochs)", epochs)
-            trained_p = train_cospec_policy(
-                evaluator, skip, epochs=epochs, lr=lr, step_cost=step_cost, seed=seed, policy=LogisticPolicy(seed=seed)
-            )
+            log.info("training the CoSpec policy (REINFORCE, %d epochs)", rs.epochs)
+            trained_p = train_cospec_policy(evaluator, skip, rs, policy=LogisticPolicy(seed=rs.seed))
             history["learned policy"] = trained_p.history
             learned["learned policy"] = trained_p.policy
             cands.append(judge("learned policy", "cospec", {}, Verifier(mode, policy=trained_p.policy), True))
