@@ -38,7 +38,7 @@ class SearchPreset(SearchSettings):
         note: a line printed at start (the CPU preset says what it reduced).
         validation_candidates: after the search, the K cheapest feasible sets are checked on
             the domain's validation split (paired against dense) before the mapping is
-            written; 0 skips the check (issue 10).
+            written; 0 skips the check.
         validation_prompts: validation prompts used; ``None`` = the domain's
             ``validation_size`` (16).
     """
@@ -53,7 +53,7 @@ class SearchPreset(SearchSettings):
 
 @dataclass
 class RelaxedSettings:
-    """Settings of the lossy verification modes (``verification=diversed|cospec``; issue 13).
+    """Settings of the lossy verification modes (``verification=diversed|cospec``).
 
     Attributes:
         weight: DIVERSED's target share ``w`` in [0, 1] of the blend
@@ -112,9 +112,9 @@ class TSSConfig(ServeSettings):
     verification: Verification = Verification.exact
     relaxed: RelaxedSettings = field(default_factory=RelaxedSettings)
     cost: Cost = Cost.analytic
-    # Verification forwards through one torch.compile'd decoder layer over preallocated caches
-    # (decoding/compiled.py, issue 34): same tokens; off by default, it did not pay on the CPU
-    # it was measured on (docs/engine.md, "Compiled step").
+    # Single-request verification through one torch.compile'd decoder layer over preallocated
+    # caches (decoding/compiled.py), same tokens. What it gains, where, and why it is off by
+    # default: docs/engine.md, "Compiled step".
     compile: bool = False
     reuse_prefill: bool = True  # scope=verify: prefill each prompt once per process, copy per trial
     prefill_store_gib: float = 8.0  # byte budget of the kept prefills (LRU); docs/engine.md has the arithmetic
