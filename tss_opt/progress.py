@@ -1,4 +1,4 @@
-"""Progress bars that stay out of logs (issue 36): tqdm on a terminal, nothing elsewhere.
+"""Progress bars that stay out of logs: tqdm on a terminal, nothing elsewhere.
 
 Every long-running command shows a tqdm bar per unit of work (the search per level, validation,
 the held-out report per domain, training, the benchmarks) **only when it can be drawn**:

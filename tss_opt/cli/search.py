@@ -73,7 +73,7 @@ def search(cfg: DictConfig) -> SearchResult:
 
 def validate(cfg: DictConfig, result: SearchResult, evaluator: Any, storage: Any, domain: Domain | None = None) -> None:
     """Check the K cheapest feasible candidates on the validation split before the mapping is
-    written (issue 10; :mod:`tss_opt.search.checks`), in order: decide, then (only when
+    written (:mod:`tss_opt.search.checks`), in order: decide, then (only when
     needed) build the validation evaluator here and run the check."""
     candidates = int(cfg.search.get("validation_candidates") or 0)
     decision = decide_validation(result, storage, candidates)
@@ -108,7 +108,7 @@ def format_result(result: SearchResult, wall_s: float) -> str:
     b = result.baseline
     fig = figures_of(b)
     m = result.metric_name
-    # A speed column only where decoding was timed (issue 36; tss_opt.search.figures).
+    # A speed column only where decoding was timed (tss_opt.search.figures).
     speed = [fig.speed_header] if fig.speed_key else []
     lines.append("")
     lines.append("| " + " | ".join(["configuration", "skip set", "accepted length", m, fig.cost_header, *speed]) + " |")

@@ -66,7 +66,7 @@ class Cost(StrEnum):
 
 
 class Verification(StrEnum):
-    """The acceptance rule of verification (issue 13).
+    """The acceptance rule of verification.
 
     ``exact`` (the default) keeps the target's output: greedy decoding's tokens at temperature
     0, the target's distribution above. ``diversed`` (lossy) also accepts a draft token against

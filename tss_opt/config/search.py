@@ -7,7 +7,7 @@ ours               paper                default (source)
 =================  ===================  ==========================================
 eps_accept         eps_A                0.05 relative (paper: 5 %)
 eps_metric         eps_M                0.05 relative (paper: 5 %)
-eps_metric_abs     -                    0.005: floor of a relative eps_M (issue 36)
+eps_metric_abs     -                    0.005: floor of a relative eps_M
 tau_accept         tau_A                0.05 relative (paper: 5 %)
 tau_metric         tau_M                0.05 relative (paper: 5 %)
 max_depth          K                    5 (largest reported skip set, MMLU)
@@ -18,7 +18,7 @@ early_barrier      early barrier        0 (Table 3 uses 2)
 latter_barrier     latter barrier       0 (Table 3)
 selection          S* rule              "min_cost" (Algorithm 1); Table 3 uses
                                         "triple_win"
-feasibility        (point thresholds)   "paired" (issue 10); "point" = the paper
+feasibility        (point thresholds)   "paired"; "point" = the paper
 confidence         -                    0.9 (one-sided, paired rule)
 seed               -                    0 (random, tpe, nsga2, gp strategies)
 sleb_score         SLEB's score         "metric" (sleb strategy; paper: perplexity)
@@ -74,7 +74,7 @@ __all__ = [
 DEFAULT_HEARTBEAT_INTERVAL = 10
 DEFAULT_GRACE_PERIOD = 30
 
-# The absolute floor of a positive relative metric tolerance (issue 36): half a point of a metric
+# The absolute floor of a positive relative metric tolerance: half a point of a metric
 # on [0, 1]; it binds where eps_metric * |native| < 0.005 (native below 0.1 at eps_metric=0.05).
 # The rule and why: tss_opt.search.tolerance.metric_tolerance.
 DEFAULT_EPS_METRIC_ABS = 0.005
@@ -207,9 +207,9 @@ IDENTITY_FIELDS = (
     "eps_metric_abs",
 )
 
-# What a study stored before a field existed was run under: a study created before issue 10
-# used the point rule without early stopping, so resuming it under the paired rule is refused.
-# A study created before issue 36 had no metric-tolerance floor.
+# What a study stored before a field existed was run under: a study created before paired
+# feasibility used the point rule without early stopping, so resuming it under the paired rule
+# is refused. A study created before the metric-tolerance floor had none.
 LEGACY_IDENTITY: dict[str, Any] = {
     "feasibility": "point",
     "early_stopping": False,
@@ -232,8 +232,8 @@ class SearchSettings:
         eps_metric: eps_M, feasibility tolerance on the task metric.
         eps_metric_abs: The absolute floor of a positive relative metric tolerance (and of
             ``tau_metric``'s): ``delta_M = max(eps_metric * |M0|, eps_metric_abs)``, so a
-            domain where dense scores ~0 is not held to a zero tolerance (issue 36;
-            :func:`tss_opt.search.tolerance.metric_tolerance`, the one rule that search,
+            domain where dense scores ~0 is not held to a zero tolerance
+            (:func:`tss_opt.search.tolerance.metric_tolerance`, the one rule that search,
             validation and the held-out report apply). In the metric's units: 0.005 is half a
             point of a [0, 1] metric (every built-in one); 0 disables it. Ignored when
             ``relative=False``.
@@ -271,8 +271,8 @@ class SearchSettings:
         early_stop_chunk: Prompts per chunk (>= 2; the first check needs two prompts).
         futility_stopping: With early stopping, a chunked trial also stops when its final
             verdict can no longer pass at ``confidence`` (looks corrected), even if its mean
-            loss may be within the tolerance (issue 21; docs/search.md, "Futility stopping").
-        group_size: Queued trials a worker claims and evaluates in one batch (issue 21): a
+            loss may be within the tolerance (docs/search.md, "Futility stopping").
+        group_size: Queued trials a worker claims and evaluates in one batch: a
             positive integer (1 = one at a time) or ``"auto"`` (by device:
             :data:`tss_opt.search.grouping.AUTO_GROUP_SIZE`). Only evaluators that generate
             several skip sets together (replay) group; not part of the study identity (the
@@ -390,7 +390,7 @@ class SearchSettings:
         """
         out = {name: _plain(getattr(self, name)) for name in IDENTITY_FIELDS if name != "eps_metric_abs"}
         if self.eps_metric_abs > 0:
-            # Issue 36: the floor changes which sets are feasible where dense scores ~0.
+            # The floor changes which sets are feasible where dense scores ~0.
             out["eps_metric_abs"] = float(self.eps_metric_abs)
         spec = self.mode_spec
         if spec.seeded:
@@ -398,7 +398,7 @@ class SearchSettings:
         if spec.ranks_by_score:
             out["sleb_score"] = self.sleb_score
         if self.futility_stopping:
-            # Issue 21: on, it changes which trials stop; off, the identity (and the study
+            # On, it changes which trials stop; off, the identity (and the study
             # name) is what it was before the setting existed, so those studies resume.
             out["futility_stopping"] = True
         return out

@@ -18,7 +18,7 @@ __all__ = ["ServeSettings", "serve_settings"]
 
 @dataclass
 class ServeSettings:
-    """The server's keys (issue 20, issue 25).
+    """The server's keys.
 
     Attributes:
         host: Address to bind. Anything beyond loopback needs an API key (or ``allow_open``).

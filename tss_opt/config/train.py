@@ -50,7 +50,7 @@ class TrainSettings:
             lookup) and the features are read off its forwards, one pass per prompt; > 1:
             batched ``generate`` of that many prompts, then a second forward for the features
             (faster on a GPU).
-        generated_tokens: data-free distillation (issue 23): sample about this many tokens of
+        generated_tokens: data-free distillation: sample about this many tokens of
             text from the target itself (continuations of the training prompts and of the
             shipped generic chat prompts, ``tss_opt/data/train/chat_prompts.jsonl``) and train on it
             too; 0 = none (only the prompts and their greedy continuations).

@@ -7,7 +7,7 @@ is verified at position ``prefix_len + k``, and accepting a path of ``k`` nodes 
     min(max_new_tokens - n_out - 1, max_context - 1 - prefix_len)
 
 levels: deeper nodes would either be cut from the output anyway or run the target at
-positions it does not support (issue 23: a 256-token prompt with ``max_context`` 265 reached
+positions it does not support (a 256-token prompt with ``max_context`` 265 reached
 position 272 with pld(10)). Draft slots share positions by depth, so the cap is on depth; a
 tree loses its nodes below the cap, its shallower nodes (their ancestors included) stay.
 """

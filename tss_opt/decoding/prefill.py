@@ -13,7 +13,7 @@ and cannot be shared; :meth:`DensePrefill.restore` refuses it.
 
 The evaluators keep their prefills in a :class:`PrefillStore`: a byte budget
 (``prefill_store_gib``, default :data:`DEFAULT_PREFILL_STORE_GIB`) with least-recently-used
-eviction, released before validation runs its own prompts (issue 24: unbounded, the stores
+eviction, released before validation runs its own prompts (unbounded, the stores
 held ~21 GiB for 16 + 16 summarization prompts of a 13B model in fp16).
 """
 

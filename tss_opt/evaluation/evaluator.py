@@ -80,7 +80,7 @@ class PromptRecord:
         }
 
 
-# What produced an evaluation's figures (issue 36: a table says what it measured). "engine":
+# What produced an evaluation's figures (so that a table can say what it measured). "engine":
 # speculative decoding ran and was timed, so tokens/s is a decoding speed; "replay": the sparse
 # target's greedy outputs were generated in batches and the drafter replayed over them, so A and
 # M are the engine's but no decoding was timed.
@@ -109,7 +109,7 @@ class EvalResult:
     wall_s: float
     metric_extras: dict[str, float] = field(default_factory=dict)
     prompts: list[PromptRecord] = field(default_factory=list)
-    verification: str = "exact"  # the acceptance rule; anything else is lossy (issue 13)
+    verification: str = "exact"  # the acceptance rule; anything else is lossy
     evaluator: str = "engine"  # EVALUATOR_KINDS: what produced the figures
     cost_kind: str = "analytic"  # which cost `cost` is
 

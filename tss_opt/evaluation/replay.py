@@ -12,7 +12,7 @@ argmax. The per-prompt accepted length, tokens and metric equal the engine's in 
 as measured, in float32 (tests/evaluation/test_replay.py; docs/results/replay_benchmark.txt:
 8/8 prompts). In half precision batching breaks near-ties often, not rarely: bfloat16 on the
 CPU, embedded model, 16 qa prompts x 32 tokens, batch 8, dense: 10/16 prompts' outputs and
-12/16 accepted lengths equal the engine's (issue 24, docs/results/replay_bf16_cpu.txt; ``python benchmarks/replay.py --domain qa
+12/16 accepted lengths equal the engine's (docs/results/replay_bf16_cpu.txt; ``python benchmarks/replay.py --domain qa
 --prompts 16 --max-new-tokens 32 --dtypes bfloat16 --batch-sizes 8 --repeats 1``). Use float32
 (or the engine) where per-prompt equality matters; GPU half precision is not measured yet
 (benchmarks/gpu_check.sh).
@@ -438,7 +438,7 @@ class ReplayEvaluator(PromptSetEvaluator):
     Per prompt, ``tokens_per_s`` is the prompt's tokens over its share of the batch's wall
     time: a throughput of the replay, not of speculative decoding. Its results say so
     (``evaluator: "replay"``) and their contract mapping names it ``replay_tokens_per_s``, so
-    the search records no ``tokens_per_s`` for a replayed trial (issue 36).
+    the search records no ``tokens_per_s`` for a replayed trial.
     """
 
     def __init__(
@@ -473,7 +473,7 @@ class ReplayEvaluator(PromptSetEvaluator):
     """Results say ``evaluator: replay`` and carry ``replay_tokens_per_s``, never ``tokens_per_s``."""
 
     supports_groups = True
-    """Grouped trials (issue 21): :meth:`evaluate_group` runs several skip sets in one batch."""
+    """Grouped trials: :meth:`evaluate_group` runs several skip sets in one batch."""
 
     def evaluate(
         self, skip: frozenset[int] | Sequence[int] = frozenset(), prompt_ids: Sequence[int] | None = None

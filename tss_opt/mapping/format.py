@@ -78,14 +78,14 @@ class MappingEntry:
         selection: The selection rule (``min_cost`` or ``triple_win``).
         alternatives: The other Pareto points.
         split: The data split searched on (e.g. ``calibration``).
-        calibration: S*'s search figures with their paired bounds (issue 10): ``feasibility``,
+        calibration: S*'s search figures with their paired bounds: ``feasibility``,
             ``accept_length``, ``metric``, ``cost``, ``bounds`` (per quantity ``mean_diff``,
             ``lower``, ``upper``, ``tolerance``, ``n``). ``None`` in older files.
         validation: The validation outcome: ``chosen``, ``reason``, ``dense_kept``,
             ``confidence``, ``num_prompts``, ``dense`` and S*'s validation figures with bounds
             (``figures``). ``None`` when the choice was not validated (older files too).
         verification: The acceptance rule the study measured under: ``exact`` (lossless), or a
-            lossy relaxed rule such as ``diversed(w=0.6)`` / ``cospec(...)`` (issue 13), whose
+            lossy relaxed rule such as ``diversed(w=0.6)`` / ``cospec(...)``, whose
             ``metric`` is to be read beside ``baseline.metric``.
         relaxed: How to rebuild the lossy rule, and why it was chosen (``None`` for exact
             entries): ``mode`` (``diversed``/``cospec``) with its settings (``weight``,

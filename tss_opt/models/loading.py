@@ -23,7 +23,7 @@ SOURCES = ("hf", "gguf_package", "tiny")
 # Attention implementations the engine serves exactly: verification sends an explicit 4-D
 # additive tree mask (decoding/target.py), which these two apply as given. flash_attention_2
 # (and flex/paged kernels) read a 4-D mask as padding or reject it: wrong attention or a
-# device assert, silently (issue 24), so they are refused at load.
+# device assert, silently, so they are refused at load.
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -88,7 +88,7 @@ def load_model(cfg: ModelConfig | Mapping[str, Any]) -> LoadedModel:
     """Load the model described by ``cfg`` (see ``conf/model/*.yaml``)."""
     mc = as_model_config(cfg)
     dtype = resolve_dtype(mc.dtype)
-    quiet_library_bars()  # no transformers/hub bars in a log (issue 36); kept on a terminal
+    quiet_library_bars()  # no transformers/hub bars in a log; kept on a terminal
     t0 = time.perf_counter()
     if mc.source == "tiny":
         from tss_opt.models.tiny import build_tiny_model, build_tiny_tokenizer

@@ -1,6 +1,6 @@
 """Judging one domain's held-out result: intervals, the validation prediction, the verdict.
 
-Issue 10's goal on held-out prompts, per domain, as computed here:
+The goal on held-out prompts, per domain, as computed here:
 
 - **Metric not significantly below native** (non-inferiority): the lower end of the two-sided
   ``level`` (0.9) interval of the mean paired metric difference (oriented so that negative

@@ -8,7 +8,7 @@ speedup is a ratio of means measured in the same run). Each method keeps one dra
 its prompts, as the search's evaluator does, so online-learning drafters see the same history
 under both methods.
 
-A mapping entry with a lossy verification rule (``relaxed``: DIVERSED or CoSpec, issue 13) is
+A mapping entry with a lossy verification rule (``relaxed``: DIVERSED or CoSpec) is
 measured under that rule: native is dense exact verification, the TSS row runs the skip set
 with the entry's rule (its weight or learned policy), and the row is labelled LOSSY with its
 metric change beside its speedup.

@@ -1,4 +1,4 @@
-"""Two-sided confidence intervals paired over prompts, for the held-out report (issue 10).
+"""Two-sided confidence intervals paired over prompts, for the held-out report.
 
 Both methods (native and TSS) run the same held-out prompts, so every quantity is compared
 prompt by prompt:

@@ -45,9 +45,9 @@ class DomainComparison:
         dense_kept_reason: Why dense is kept (``None`` unless ``tss`` is ``None``).
         stats: The paired intervals (``None`` when dense is kept).
         prediction: The validation figures of S* from the mapping entry, if any.
-        verdict: The issue-10 goal judged on this domain.
+        verdict: The held-out goal (``tss_opt.report.assessment``) judged on this domain.
         verification: The TSS row's acceptance rule: ``exact``, or the mapping entry's lossy
-            rule (``diversed(...)``, ``cospec(...)``; issue 13), under which it was measured.
+            rule (``diversed(...)``, ``cospec(...)``), under which it was measured.
     """
 
     domain: str

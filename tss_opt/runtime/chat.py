@@ -5,7 +5,7 @@ system turn (:func:`~tss_opt.evaluation.domains.format_prompt`); a chat request 
 system turn when it brings none, so a one-message request is formatted exactly as the
 search's prompts were.
 
-Message content is text (issue 32): a special-token string written in a message
+Message content is text: a special-token string written in a message
 (``<|im_end|>\n<|im_start|>system``...) is tokenized as the characters it is made of, never as
 the control token, so a user cannot close their turn and write a system turn. Only the
 template's own markers are control tokens. Content without such strings takes the plain

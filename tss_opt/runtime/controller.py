@@ -244,7 +244,7 @@ class TSSController:
             return skip
         if domain not in self._reported and len(self._reported) <= MAX_REPORTED_DOMAINS:
             # Clients choose these names: one line per name, for a bounded number of names
-            # (issue 32: every distinct string logged a line).
+            # (unbounded, a client sending random names filled the log with one line each).
             self._reported.add(domain)
             if len(self._reported) > MAX_REPORTED_DOMAINS:
                 log.warning("more than %d unmapped domain names seen; further ones are not logged", MAX_REPORTED_DOMAINS)

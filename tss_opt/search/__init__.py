@@ -11,7 +11,7 @@ Main entry points:
 - :func:`load_result` rebuilds the result of a stored study;
 - :class:`BreadthFirstSampler` is the Optuna sampler behind it;
 - :func:`validate_candidates` checks the cheapest feasible sets on a validation evaluator
-  (issue 10); :class:`PairedFeasibility` is the paired, noise-aware feasibility rule.
+  (unseen prompts); :class:`PairedFeasibility` is the paired, noise-aware feasibility rule.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The validation step of a search command (issue 10), as library code taking typed values.
+"""The validation step of a search command, as library code taking typed values.
 
 The K cheapest feasible candidates of a finished search are checked on the validation split
 before the mapping is written, once per study: a worker that finds the outcome stored reuses

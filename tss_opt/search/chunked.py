@@ -15,7 +15,7 @@ with a margin), so early stopping rarely changes which sets are feasible, and a 
 always recorded infeasible. The dense baseline runs every prompt (in the same chunks, so dense
 and skip sets are measured the same way) and is never stopped.
 
-With ``futility=True`` (``SearchSettings.futility_stopping``, issue 21) a set also stops when
+With ``futility=True`` (``SearchSettings.futility_stopping``) a set also stops when
 its final verdict can no longer pass
 (:meth:`~tss_opt.search.feasibility.PairedFeasibility.futile`: the remaining prompts at their
 upper prediction bound cannot lift the final lower bound to the tolerance), under the same
@@ -89,7 +89,7 @@ def drive(evaluator: Any, run: ChunkedRun) -> TrialEvaluation:
 
 
 def evaluate_skip_sets(group_call: Any, runs: Sequence[ChunkedRun]) -> list[TrialEvaluation]:
-    """Evaluate several skip sets together (grouped trials, issue 21), chunk by chunk.
+    """Evaluate several skip sets together (grouped trials), chunk by chunk.
 
     Every run asks for the same prompts at each step (they share ``num_prompts`` and
     ``chunk``), so the runs still going are measured by one

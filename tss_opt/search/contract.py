@@ -44,7 +44,7 @@ class Evaluator(Protocol):
     attributes. Optional attributes: ``metric_name`` (default ``"metric"``) and
     ``metric_higher_is_better`` (default ``True``), which set the study's directions.
 
-    Optional ``per_prompt`` key (issue 10): a list with one mapping per prompt, in the same
+    Optional ``per_prompt`` key: a list with one mapping per prompt, in the same
     prompt order for every skip set, each with ``accept_length`` and ``metric`` (floats) and
     optionally ``tokens`` (generated tokens) and ``repetition`` (share of repeated 4-grams in
     the output, 0..1). It enables the paired feasibility rule.

@@ -1,6 +1,6 @@
 """Paired, noise-aware feasibility: one-sided Student-t bounds on per-prompt differences.
 
-Issue 10: a point rule (``A(S) >= A0 - eps``) on a few prompts cannot separate an effect from
+A point rule (``A(S) >= A0 - eps``) on a few prompts cannot separate an effect from
 noise, so cheap skip sets pass by luck and fail on unseen prompts. Here every skip set is
 compared with the dense run *prompt by prompt* (the same prompts, the same order), and it is
 feasible only when the data show, at the configured ``confidence``, that its mean loss stays
@@ -33,7 +33,7 @@ Method (analytic and deterministic, no resampling):
   significant result. A set stopped early is never feasible. The caller
   (:class:`tss_opt.search.chunked.ChunkedRun`) runs this test at a Bonferroni-corrected
   confidence over its interim looks.
-- **Futility stop** (:meth:`PairedFeasibility.futile`, issue 21): after ``n`` of ``N``
+- **Futility stop** (:meth:`PairedFeasibility.futile`): after ``n`` of ``N``
   prompts, a set also stops when the *final* verdict can no longer pass, even where the true
   mean loss may be within the tolerance (too noisy for ``N`` prompts to show it). With the
   remaining prompts' mean at its upper prediction bound ``R+ = mean_n + t_{c', n-1} * s_n *

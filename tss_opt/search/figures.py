@@ -1,4 +1,4 @@
-"""What a search's figures measured, for the tables that show them (issue 36).
+"""What a search's figures measured, for the tables that show them.
 
 Every figure in a table says what it measured. The search summary printed by
 ``python -m tss_opt`` and the dashboard note (:mod:`tss_opt.search.note`) take their columns

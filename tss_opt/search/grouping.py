@@ -1,4 +1,4 @@
-"""Grouped trials (issue 21): how many queued trials a worker claims and evaluates together.
+"""Grouped trials: how many queued trials a worker claims and evaluates together.
 
 ``search.group_size`` is a positive integer or ``"auto"``. A worker whose evaluator can
 generate several skip sets in one batch (it says so with ``supports_groups = True`` and

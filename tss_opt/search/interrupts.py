@@ -1,7 +1,7 @@
 """Ctrl-C during a search: held while the worker talks to the storage, delivered where safe.
 
 An interrupt that lands inside a storage call can leave the database in a state no later step
-can read correctly (issue 22): a trial set RUNNING that the worker never recorded as taken,
+can read correctly: a trial set RUNNING that the worker never recorded as taken,
 a result half told through Optuna's ``Study.optimize`` (``UnboundLocalError``), a study
 created without its identity, or (SQLite) a connection of this very process still holding
 the database's write lock, so that its own next statement waits ``busy_timeout`` for itself.

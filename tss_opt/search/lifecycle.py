@@ -1,4 +1,4 @@
-"""A trial's life in one worker: take it, evaluate it, tell its result (issue 22).
+"""A trial's life in one worker: take it, evaluate it, tell its result.
 
 Each step leaves the storage in a state the next run reads correctly, whatever stops the
 worker and wherever:
@@ -29,7 +29,7 @@ thread while the trial runs (:class:`~tss_opt.storage.Heartbeat`).
 Both the queued strategies (:class:`~tss_opt.search.worker.Worker`) and Optuna's own samplers
 (:mod:`tss_opt.search.optuna_strategy`) run their trials through :class:`TrialLife`.
 
-Grouped trials (issue 21, ``search.group_size``): :meth:`TrialLife.take_queued_group` claims
+Grouped trials (``search.group_size``): :meth:`TrialLife.take_queued_group` claims
 up to ``n`` queued trials one by one (each claim is the same atomic WAITING -> RUNNING write,
 so exactly-once holds), and :meth:`TrialLife.run_group` evaluates them together and tells each.
 The table holds for every trial of the group: a heartbeat thread per claimed trial; Ctrl-C

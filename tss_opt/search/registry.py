@@ -1,4 +1,4 @@
-"""The strategy registry: every search ``mode`` and how it is run, in one place (issue 19).
+"""The strategy registry: every search ``mode`` and how it is run, in one place.
 
 What differs between modes is declared once, on the mode itself
 (:class:`~tss_opt.config.search.ModeSpec`, ``Mode.<name>.spec``: planner kind, Optuna

@@ -34,7 +34,7 @@ class TrialRecord:
         failed: Given up after its workers crashed ``max_crash_retries + 1`` times.
         infeasible_reason: Why it is infeasible, recomputed from the stored per-prompt
             values ("" when feasible).
-        early_stopped: Its evaluation stopped before the last prompt (issue 10).
+        early_stopped: Its evaluation stopped before the last prompt.
         bounds: Paired rule only: per quantity, ``mean_diff``, ``lower``, ``upper``,
             ``tolerance``, ``n`` (see :class:`tss_opt.search.feasibility.Bound`).
     """
@@ -190,7 +190,7 @@ class SearchResult:
             "evaluated": len(self.trials),
             "feasibility": self.feasibility_rule,
             "given_up": [list(canonical(c)) for c in self.given_up],
-            # What produced the figures (issue 36): "engine" (decoding timed), "replay", or None.
+            # What produced the figures: "engine" (decoding timed), "replay", or None.
             "evaluator": self.evaluator,
         }
 

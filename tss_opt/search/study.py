@@ -141,7 +141,7 @@ def _made(storage: BaseStorage, study: optuna.Study, attrs: Mapping[str, Any]) -
     """Whether the study's identity was written completely.
 
     Optuna cannot create a study together with its attributes, so creation is several
-    writes; the format marker is the last one (issue 22: a Ctrl-C in between left studies that
+    writes; the format marker is the last one (a Ctrl-C in between used to leave studies that
     every resume refused with "num_layers: stored None"). Studies made before the marker
     count as made when every identity attribute is there.
     """

@@ -11,7 +11,7 @@ One value, :class:`MetricTolerance` (the search's ``eps_metric``, ``relative`` a
 - the held-out report's verdict (:func:`tss_opt.report.assessment.domain_verdict`);
 - ``tune_verification``'s paired metric rule (:func:`tss_opt.training.relaxed.check_against_dense`).
 
-Rule (issue 36)::
+Rule::
 
     relative and eps > 0:  delta_M = max(eps * |native|, eps_metric_abs)
     relative and eps <= 0: delta_M = eps * |native|        (no loss allowed, or a gain required)

@@ -1,5 +1,5 @@
 """What every evaluated trial records, whichever strategy ran it (one writer for the queued
-workers and Optuna's samplers, issue 19).
+workers and Optuna's samplers).
 
 User attributes (read in the dashboard and by the results): the evaluator's extras,
 ``feasible``, ``per_prompt`` (compact, 4 decimals: feasibility is recomputed from it),

@@ -1,6 +1,6 @@
 """Validation before the mapping: check the cheapest feasible candidates on unseen prompts.
 
-Issue 10: a set chosen on the calibration prompts can win there by luck. After the search,
+A set chosen on the calibration prompts can win there by luck. After the search,
 the ``k`` cheapest feasible candidates (by the ``min_cost`` order: cost, then higher
 acceptance, better metric, more layers, sorted tuple) are evaluated on a *validation*
 evaluator (the domain's validation split), paired against dense on the same prompts, with the

@@ -7,7 +7,7 @@ trial is failed (and retried) even when no other worker is starting a trial.
 
 Optuna only looks at trials that have a heartbeat. A trial is set RUNNING and gets its first
 heartbeat in two transactions, so a worker killed in between leaves a RUNNING trial without
-heartbeat that Optuna never fails and that blocks its level forever (issue 15).
+heartbeat that Optuna never fails and that blocks its level forever.
 :func:`fail_stale` also fails such a trial once it started more than the grace period ago.
 """
 

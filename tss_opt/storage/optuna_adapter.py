@@ -1,4 +1,4 @@
-"""Every use of Optuna's private API in tss_opt, in one module (issue 19).
+"""Every use of Optuna's private API in tss_opt, in one module.
 
 Everything else goes through Optuna's public API (``Study.get_trials``, ``Study.tell``,
 ``BaseStorage`` methods, ``RDBStorage.record_heartbeat`` / ``get_heartbeat_interval``,

@@ -55,8 +55,8 @@ def _on_begin(conn: Any) -> None:
     # closes the connection while the traceback's frames (a reference cycle, freed only by
     # the garbage collector) keep its cursor open. sqlite3 then keeps the half-closed
     # connection, and with it the database's write lock, so every later transaction of this
-    # same process waited busy_timeout (60 s) and failed "database is locked" (issue 22;
-    # reproduced with random SIGINTs around Study.ask/tell: the search stalled within
+    # same process waited busy_timeout (60 s) and failed "database is locked"
+    # (reproduced with random SIGINTs around Study.ask/tell: the search stalled within
     # seconds, each statement waiting out the busy timeout). Here the lock is released
     # before the interrupt leaves.
     dbapi_connection = conn.connection.dbapi_connection

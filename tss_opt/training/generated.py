@@ -1,4 +1,4 @@
-"""Data-free distillation text (issue 23): text the target generates itself.
+"""Data-free distillation text: text the target generates itself.
 
 A head trained only on a domain's calibration prompts memorises them (token accuracy
 0.97-0.99, held-out accepted length below prompt lookup's). Medusa-2 and EAGLE train on the

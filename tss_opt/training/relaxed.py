@@ -1,4 +1,4 @@
-"""Per-domain settings of the lossy verification modes (issue 13), chosen on calibration prompts.
+"""Per-domain settings of the lossy verification modes, chosen on calibration prompts.
 
 - :func:`search_weight`: DIVERSED's weight ``w``, a second stage after the skip set: a small
   1-D grid on the calibration prompts under the search's metric constraint, tested with the

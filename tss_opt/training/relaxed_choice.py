@@ -1,4 +1,4 @@
-"""Choosing a domain's lossy verification setting on its calibration prompts (issue 13).
+"""Choosing a domain's lossy verification setting on its calibration prompts.
 
 :func:`tune_relaxed` is the second stage after the skip set, for one mode:
 

@@ -97,7 +97,7 @@ class DraftModelDrafter(Drafter):
         self._cache = SkipAwareCache(config=self.model.config)
         self._seen = []
         # Every request drafts from the same stream: the same seed gives the same output,
-        # however many requests this drafter served before (issue 15).
+        # however many requests this drafter served before.
         self._gen.manual_seed(self.seed)
 
     def _ctx(self) -> Any:
@@ -141,7 +141,7 @@ class DraftModelDrafter(Drafter):
         crop_to(self._cache, common)
         del self._seen[common:]
         # Drafted tokens stay on the device and feed the next forward there; tokens and
-        # confidences come back to the host once per step, not per token (issue 24).
+        # confidences come back to the host once per step, not per token (each read waits for the device).
         toks: list[torch.Tensor] = []  # [1] each, on the device
         confs: list[torch.Tensor] = []  # [1] each: the draft probability of the token
         probs: list[torch.Tensor] = []
@@ -240,7 +240,7 @@ def _model_chain(
     if num_tokens == AUTO:
         need_target(drafter, "num_tokens", target)
     plain = dict(model)
-    # The draft model runs beside the target: on its device, in its dtype (issue 24: loaded
+    # The draft model runs beside the target: on its device, in its dtype (loaded
     # with its own defaults it ran on the CPU, or on cuda:0 for every launched worker).
     plain["device"] = str(target.device)
     plain["dtype"] = loaded.config.dtype

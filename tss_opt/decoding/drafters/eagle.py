@@ -4,7 +4,7 @@ Drafting follows EAGLE-2 (Li et al. 2024, arXiv 2406.16858): expand the ``top_k`
 probable nodes of each level by cumulative log-probability, then keep the
 ``total_tokens - 1`` best nodes of all levels. The tree grows on the head's device: tokens,
 parents, scores and ancestor masks stay there, and the candidates come back to the host once
-per step, for the final selection (issue 24: it used to upload ~54 small tensors and read
+per step, for the final selection (it used to upload ~54 small tensors and read
 back ~16 per step).
 
 The head (eagle_head.py) and its checkpoints (eagle_checkpoint.py) are re-exported here.

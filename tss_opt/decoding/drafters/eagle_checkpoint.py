@@ -8,10 +8,10 @@ directory with ``config.json`` (a Llama config with ``num_hidden_layers: 1`` and
 and possibly ``embed_tokens.weight``. Layer 0 has no ``input_layernorm`` (its input is the
 ``fc`` projection); later layers, if any, do.
 
-Our extension (issue 23): an optional ``draft_vocab`` key, a ``torch.LongTensor`` of shape
+Our extension: an optional ``draft_vocab`` key, a ``torch.LongTensor`` of shape
 ``(N,)`` with the draft vocabulary (target ids, most frequent first), and
 ``draft_vocab_size: N`` in ``config.json`` for people reading it. A checkpoint without it
-(every EAGLE-1 checkpoint, and ours before issue 23) loads as before and drafts over the whole
+(every EAGLE-1 checkpoint, and ours from before the extension) loads as before and drafts over the whole
 vocabulary.
 """
 

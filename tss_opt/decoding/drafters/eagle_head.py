@@ -9,7 +9,7 @@ Checkpoints: eagle_checkpoint.py; drafting a tree with it: eagle.py.
 
 A head may carry a **draft vocabulary** (FR-Spec, arXiv 2502.14856; EAGLE-3's ``d2t``): the
 target token ids it drafts from, most frequent first. Projecting onto ``N`` rows of
-``lm_head`` instead of all ``V`` is what makes a tree level cheap (issue 23: the full 49k
+``lm_head`` instead of all ``V`` is what makes a tree level cheap (the full 49k
 projection was most of EAGLE's drafting time on a CPU). The head only stores the list; the
 drafter decides how many of it to use (``drafter.draft_vocab``).
 """

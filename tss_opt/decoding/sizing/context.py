@@ -1,7 +1,7 @@
 """Drafts sized per context: one tree choice per cached length, for every drafter that sizes.
 
-Verification costs depend on the context the tree attends to: issue 34 measured one verified
-node at 2-5 % of a plain step after 64 cached tokens and about 25 % after 800 (float32, one
+Verification costs depend on the context the tree attends to: one verified
+node cost 2-5 % of a plain step after 64 cached tokens and about 25 % after 800 (float32, one
 thread), so a tree sized after 64 tokens drafted too much on a long prompt and lost to plain
 decoding (Token Recycling 0.94x); how much a node costs is the machine's, read from its tables
 (docs/engine.md). :class:`ContextSized` makes one

@@ -168,7 +168,7 @@ def accept_sampling(
     n, dev = len(tokens), p.device
     if n == 0:
         return [], [int(torch.multinomial(p[0], 1, generator=generator))]
-    # Every node's test in one batch and one read-back (issue 24: three host reads per node
+    # Every node's test in one batch and one read-back (three host reads per node
     # before), with the same uniforms in the same stream order as one node at a time: the
     # uniforms of all n nodes are drawn, the first rejection is found, then the generator is
     # rewound and advanced by exactly the draws the sequential rule makes before its

@@ -1,5 +1,5 @@
 """CoSpec arbitration policies: at the first mismatch of a step, keep the draft's token or the
-target's (``verification=cospec``, lossy; issue 13).
+target's (``verification=cospec``, lossy).
 
 A policy sees :func:`mismatch_features` of both distributions at the mismatch and answers
 "keep the draft token". :class:`ThresholdPolicy` is the fixed baseline (with both thresholds at

@@ -1,4 +1,4 @@
-"""DIVERSED's context-dependent weight (``verification=diversed``, lossy; issue 13).
+"""DIVERSED's context-dependent weight (``verification=diversed``, lossy).
 
 DIVERSED keeps a rejected draft token ``x`` when it wins against the blend
 ``w * p_target + (1 - w) * p_draft``. With a :class:`WeightPolicy` the weight is chosen per

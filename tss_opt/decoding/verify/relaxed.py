@@ -1,4 +1,4 @@
-"""Relaxed verification (issue 13): DIVERSED and CoSpec acceptance, both lossy by design.
+"""Relaxed verification: DIVERSED and CoSpec acceptance, both lossy by design.
 
 :class:`Verifier` is what the engine's ``accept`` step asks. ``exact`` keeps today's rules
 (:mod:`tss_opt.decoding.verify.accept`). The relaxed modes accept everything exact

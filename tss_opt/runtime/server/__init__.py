@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server over one loaded model (issues 20, 25 and 31).
+"""The OpenAI-compatible HTTP server over one loaded model, many requests in one batch.
 
 - ``settings.py``: the settings, the API key, the refusal to bind beyond loopback without one.
 - ``request_models.py``: OpenAI request bodies as pydantic models (``param`` from the error's location).

@@ -7,7 +7,7 @@ the worker's events and answers in OpenAI's shapes (``schemas.py``). Every refus
 :class:`~tss_opt.runtime.server.errors.APIError` in OpenAI's error shape; an unexpected
 failure answers 500 in the same shape and the server keeps serving.
 
-429 and 503 carry ``Retry-After`` (issue 32). :meth:`ServingState.drain` is the shutdown
+429 and 503 carry ``Retry-After`` (how long to wait). :meth:`ServingState.drain` is the shutdown
 (``run.py`` calls it on SIGTERM): new requests 503, waiting ones 503, running ones finish
 within ``shutdown_grace`` or end with a 503 error (a stream: an error event, then
 ``data: [DONE]``).

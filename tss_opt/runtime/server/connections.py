@@ -1,4 +1,4 @@
-"""Connections that cannot hold the server: deadlines per phase and room for new ones (issue 32).
+"""Connections that cannot hold the server: deadlines per phase and room for new ones.
 
 uvicorn has no deadline for reading a request's headers, none for its body, and its
 ``limit_concurrency`` answers *every* request 503 once that many connections are open: 70

@@ -14,7 +14,7 @@ tests, never share counters).
 - ``tss_mapping_reloads_total{result}``: mapping reloads (``ok`` / ``refused``).
 - ``tss_connections_closed_total{reason}``: connections the server closed (``connections.py``).
 
-Label values are bounded (issue 32): a ``domain`` the mapping lacks counts as ``other`` (a
+Label values are bounded: a ``domain`` the mapping lacks counts as ``other`` (a
 client chooses the string; each distinct one would be a new series).
 """
 

@@ -7,7 +7,7 @@ message names the value, what was expected and the fix. Unknown fields are ignor
 OpenAI-compatible servers do, so that newer clients keep working.
 
 Fields that would change the output and that this engine does not implement are refused with
-a 400 naming them unless they hold their neutral value (issue 32): the speculative verifier
+a 400 naming them unless they hold their neutral value: the speculative verifier
 compares the target's own distribution, so ``frequency_penalty``, ``presence_penalty`` and
 ``logit_bias`` cannot be honoured without giving up lossless output; ``response_format``,
 ``tools`` / ``tool_choice``, ``logprobs``, ``n``, ``top_p``, and on completions ``echo``,
@@ -42,7 +42,7 @@ Kind = Literal["completion", "chat"]
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 # What ``torch.Generator.manual_seed`` accepts (it reads the seed as a signed or unsigned
-# 64-bit integer); 2**64 overflows there, after the request took a queue slot (issue 32).
+# 64-bit integer); 2**64 overflows there, after the request took a queue slot.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 INT64_MAX = 2**63 - 1
 
@@ -235,7 +235,7 @@ class CompletionRequest(_Common):
                 raise _invalid("value_error", "prompt is empty; give some text")
             return v
         if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-            # Checked here, not in torch.as_tensor: 10**20 overflowed there as a 500 (issue 32).
+            # Checked here, not in torch.as_tensor: 10**20 overflowed there as a 500.
             vocab = (info.context or {}).get("vocab_size")
             bad = next((t for t in v if not 0 <= t < (vocab or INT64_MAX)), None)
             if bad is not None:

@@ -63,7 +63,7 @@ def uvicorn_config(state: ServingState, log_level: str = "info") -> uvicorn.Conf
         http=guarded_protocol(limits, lambda reason: closed.labels(reason=reason).inc()), ws="none",
         log_config=None, log_level=log_level.lower(), server_header=False, date_header=False,
         # No limit_concurrency: beyond it uvicorn answers every request 503, /health included
-        # (issue 32); max_connections makes room by closing connections not being answered.
+        # while they last; max_connections makes room by closing connections not being answered.
         limit_concurrency=None,
         timeout_graceful_shutdown=UVICORN_GRACE_S,
     )

@@ -1,4 +1,4 @@
-"""Who may talk to the server and how much they may send (issue 25).
+"""Who may talk to the server and how much they may send.
 
 - :func:`check_key`: ``Authorization: Bearer KEY``, compared in constant time
   (``hmac.compare_digest``); the key is never echoed, logged or put in an error.

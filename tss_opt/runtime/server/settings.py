@@ -1,4 +1,4 @@
-"""The server's settings, read once at start, and the start-up checks of issue 25.
+"""The server's settings, read once at start, and its start-up checks (key, bind address).
 
 A key may come from the ``api_key`` setting or, preferably, the ``TSS_API_KEY`` environment
 variable (a key in argv shows in ``ps``). Binding beyond loopback without a key is refused

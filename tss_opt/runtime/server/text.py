@@ -5,7 +5,7 @@ tokens can end in half a character (byte-level tokenizers split UTF-8 sequences 
 tokens; the decoder shows U+FFFD until the rest arrives), and the end of the text seen so far
 may be the start of a stop string that the next token completes. Both are held back until
 they are settled. An answer that ends inside a character (``max_tokens`` reached, or
-cancelled, between the bytes of one) ends before it, not in U+FFFD (issue 32); a U+FFFD the
+cancelled, between the bytes of one) ends before it, not in U+FFFD; a U+FFFD the
 model really wrote as the very last character is dropped too, the decoder showing both the
 same way.
 """

@@ -190,7 +190,7 @@ class GenerationWorker:
         except queue.Full as e:
             raise QueueFull from e
 
-    # ------------------------------------------------------------------ shutdown (issue 32)
+    # ------------------------------------------------------------------ shutdown
     def drain(self, error: BaseException) -> int:
         """Shutdown, first step: take no new job and answer every waiting one.
 
