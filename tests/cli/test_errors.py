@@ -1,4 +1,4 @@
-"""User errors, interrupts and their exit codes (issue 15): one line, no traceback."""
+"""User errors, interrupts and their exit codes: one line, no traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``evaluate`` honours ``search.prompts`` given on its command line (issue 15)."""
+"""``evaluate`` honours ``search.prompts`` given on its command line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m tss_opt.cli.export_model``, run as users run it (issue 20 item 3)."""
+"""``python -m tss_opt.cli.export_model``, run as users run it."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, mapping, args, message):
 
 
 def test_gguf_export_writes_one_file_per_domain_with_its_card(tmp_path, mapping, tiny_gguf):
-    """format=gguf (issue 35): no model is loaded; the tiny model's dense GGUF comes from
+    """format=gguf: no model is loaded; the tiny model's dense GGUF comes from
     gguf_source= (the library's tests check the file's content, test_gguf_llama.py runs it)."""
     from gguf import GGUFReader
 

@@ -1,4 +1,4 @@
-"""``cli.launch``: one GPU per worker through ``CUDA_VISIBLE_DEVICES`` (issue 24)."""
+"""``cli.launch``: one GPU per worker through ``CUDA_VISIBLE_DEVICES``."""
 
 from __future__ import annotations
 

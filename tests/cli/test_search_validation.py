@@ -1,5 +1,5 @@
-"""The search command checks its candidates on the validation split before writing the mapping
-(issue 10): tiny model, shipped domain, a small budget, a real SQLite study."""
+"""The search command checks its candidates on the validation split before writing the mapping:
+tiny model, shipped domain, a small budget, a real SQLite study."""
 
 from __future__ import annotations
 

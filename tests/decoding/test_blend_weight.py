@@ -1,4 +1,4 @@
-"""DIVERSED's context-dependent weight (issue 13): a :class:`WeightPolicy` in the Verifier.
+"""DIVERSED's context-dependent weight: a :class:`WeightPolicy` in the Verifier.
 
 - a policy that always answers w = 1 (a learned one saturated at 1) reproduces exact
   verification token for token (tiny float64 model, dense and sparse target, greedy, coupled

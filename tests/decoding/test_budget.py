@@ -1,4 +1,4 @@
-"""Drafts within budget (issue 23 item 3): no draft node is verified past the target's context
+"""Drafts within budget: no draft node is verified past the target's context
 or past the tokens left to generate, and greedy outputs stay plain greedy decoding's."""
 
 from __future__ import annotations

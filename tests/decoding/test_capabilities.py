@@ -1,4 +1,4 @@
-"""Drafter capabilities: declared once on the drafter, read by everyone (issue 19)."""
+"""Drafter capabilities: declared once on the drafter, read by everyone."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def test_each_shipped_class_declares_its_capabilities():
 
 
 def test_capabilities_have_one_spelling():
-    # The former flags (gives_distribution, gives_confidence, needs_prefill_feedback) are gone
-    # (issue 33): a class declares capabilities, an instance may replace its own (TAPS, SAMD).
+    # The former flags (gives_distribution, gives_confidence, needs_prefill_feedback) are gone:
+    # a class declares capabilities, an instance may replace its own (TAPS, SAMD).
     for flag in ("gives_distribution", "gives_confidence", "needs_prefill_feedback"):
         assert not hasattr(_Empty(), flag)
     d = _Empty()

@@ -1,4 +1,4 @@
-"""The compiled verification step (issue 34): the eager step's tokens, one graph per bucket.
+"""The compiled verification step: the eager step's tokens, one graph per bucket.
 
 Compiling with inductor takes 5-30 s (one graph per bucket) on the shared 2-core machine, so one target is compiled
 per module and every test reuses it (the graphs it holds are what the recompile test counts).

@@ -1,4 +1,4 @@
-"""Host reads of tensor values per decoding step, per drafter (issue 24), counted with a
+"""Host reads of tensor values per decoding step, per drafter, counted with a
 wrapper around ``.item()``/``.tolist()``/``.cpu()``/``int()``/``float()``/``bool()``.
 
 On the CPU every read counts, also of host tensors (a draft's token list, the context): the

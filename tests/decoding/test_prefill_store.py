@@ -1,5 +1,5 @@
 """The bounded prefill store: its byte budget holds, least recently used prefills go first,
-and the search releases the calibration prefills before validation (issue 24)."""
+and the search releases the calibration prefills before validation."""
 
 from __future__ import annotations
 

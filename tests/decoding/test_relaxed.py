@@ -1,4 +1,4 @@
-"""Relaxed verification (issue 13): DIVERSED and CoSpec.
+"""Relaxed verification: DIVERSED and CoSpec.
 
 - w = 1 DIVERSED and an always-target CoSpec policy reproduce exact verification token for
   token (tiny float64 model, dense and sparse target, greedy and seeded sampling);
@@ -204,7 +204,7 @@ def test_logistic_policy_round_trip(tmp_path):
 
 
 def test_each_rule_declares_whether_it_is_lossy() -> None:
-    """The rule carries ``lossy`` (issue 33): exact is lossless, every relaxed rule lossy, and a
+    """The rule carries ``lossy``: exact is lossless, every relaxed rule lossy, and a
     stored label (``Verifier.describe()`` / ``settings_label``) is read through the same flag;
     an unknown label counts as lossy."""
     from tss_opt.decoding.verify.relaxed import settings_label

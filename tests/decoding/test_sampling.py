@@ -114,7 +114,7 @@ def test_seeded_sampling_equals_plain_sampling_for_deterministic_drafters(tiny, 
 
 
 def test_same_seed_same_output_with_a_sampling_self_drafter(tiny):
-    """Issue 15: the same engine with a self-drafter sampling its drafts, called twice with the
+    """The same engine with a self-drafter sampling its drafts, called twice with the
     same seed, gave different tokens from the second position on (the drafter's random stream
     carried over between requests)."""
     prompt = tiny.tokenizer("ab ab ab ab", return_tensors="pt").input_ids[0]

@@ -1,5 +1,5 @@
 """``evaluator=auto``: replay exactly where it reproduces the engine, the engine otherwise, and
-one log line saying why (issue 21, item 1).
+one log line saying why.
 
 Real drafters (built by the shipped builders) and the tiny random model; the built auto
 evaluator is checked against ``evaluator=engine`` figure by figure.

@@ -1,4 +1,4 @@
-"""A domain's sparse target exported as a plain Hugging Face checkpoint (issue 20 item 3).
+"""A domain's sparse target exported as a plain Hugging Face checkpoint.
 
 The export, loaded with ``AutoModelForCausalLM.from_pretrained`` and run with transformers'
 own greedy ``generate``, must emit exactly our engine's tokens under the same skip set in

@@ -1,4 +1,4 @@
-"""llama.cpp itself runs the GGUF export of the embedded model (issue 35).
+"""llama.cpp itself runs the GGUF export of the embedded model.
 
 The sparse target of SmolLM2-135M with layers {3, 14} deleted (scope ``all``) is exported
 through the real command, loaded with ``llama_cpp.Llama`` and decoded greedily by llama.cpp's

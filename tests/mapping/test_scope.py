@@ -1,4 +1,4 @@
-"""Mapping entries record the skip scope their search measured (issue 20 item 2)."""
+"""Mapping entries record the skip scope their search measured."""
 
 from __future__ import annotations
 

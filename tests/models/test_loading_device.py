@@ -1,5 +1,5 @@
 """Loading for GPUs, checked on the CPU: refused attention implementations, weights placed by
-``device_map``, and draft models that follow the target's device and dtype (issue 24)."""
+``device_map``, and draft models that follow the target's device and dtype."""
 
 from __future__ import annotations
 

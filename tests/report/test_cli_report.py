@@ -64,7 +64,7 @@ def test_report_command_writes_everything_and_shows_progress(mapping, tmp_path, 
     msgs = project_messages(caplog, logging.INFO)
     assert any(m.startswith("domain 1/1: qa, 2 held-out prompts") for m in msgs)
     assert any(m.startswith("domain qa done") for m in msgs)
-    # Per prompt: one line each, at DEBUG (issue 36: INFO keeps one line per domain).
+    # Per prompt: one line each, at DEBUG (INFO keeps one line per domain).
     per_prompt = [r for r in caplog.records if "[qa " in r.getMessage() and "native A=" in r.getMessage()]
     assert len(per_prompt) == 2 and {r.levelno for r in per_prompt} == {logging.DEBUG}
 

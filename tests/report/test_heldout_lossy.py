@@ -1,4 +1,4 @@
-"""The held-out report of a lossy mapping entry (issue 13), tiny model: the TSS row runs the
+"""The held-out report of a lossy mapping entry, tiny model: the TSS row runs the
 entry's relaxed rule (not exact), is labelled LOSSY and shows its metric change beside its
 speedup; an exact entry's rows stay as they were; bad input is refused before measuring."""
 

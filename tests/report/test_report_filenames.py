@@ -1,4 +1,4 @@
-"""Report file names built from mapping domain names stay inside ``report_dir`` (issue 15)."""
+"""Report file names built from mapping domain names stay inside ``report_dir``."""
 
 from __future__ import annotations
 

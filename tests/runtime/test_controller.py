@@ -131,7 +131,7 @@ def test_bad_scope_is_refused(tiny, tiny_target, write_mapping):
 
 
 def test_same_seed_same_output(tiny_target, tiny, write_mapping) -> None:
-    """Issue 15: a seeded request is reproducible through the controller, also with a drafter
+    """A seeded request is reproducible through the controller, also with a drafter
     that samples its drafts (its stream restarts per request)."""
     from tss_opt.decoding.drafters import DraftModelDrafter
 

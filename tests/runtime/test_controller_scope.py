@@ -1,4 +1,4 @@
-"""The controller serves each domain in its mapping entry's skip scope (issue 20 item 2)."""
+"""The controller serves each domain in its mapping entry's skip scope."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ BAD = [
     ("chat/completions", {"model": "tiny"}, 400, "messages", "missing_field"),
     ("chat/completions", {"model": "tiny", "messages": "hi"}, 400, "messages", "invalid_type"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", None),
-    # param is the validation error's location (issue 31)
+    # param is the validation error's location
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 3}]}, 400, "messages[1].content", "invalid_type"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content", None),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}}, 400, "stream_options.include_usage", "invalid_type"),
@@ -272,7 +272,7 @@ def test_a_full_queue_answers_429_and_the_waiting_requests_are_served_in_order(t
         third = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "ccc", "max_tokens": 5}, timeout=30)
         assert third.status_code == 429
         assert third.json()["error"]["type"] == "rate_limit_error" and "max_queue" in third.json()["error"]["message"]
-        # Issue 32: with Retry-After (lm-evaluation-harness spent its retries at once without it).
+        # With Retry-After (lm-evaluation-harness spent its retries at once without it).
         assert 1 <= int(third.headers["retry-after"]) <= 60
         lock.release()
         first.join(60)
@@ -324,7 +324,7 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(tiny, tiny_ta
         n = int(msgs[0].split("after ")[1].split()[0])
         assert n < 1900
         assert _metric(httpx.get(url + "/metrics").text, "tss_requests_total") == 0  # not counted as served
-        # ... but counted as cancelled, with the tokens it generated (issue 32).
+        # ... but counted as cancelled, with the tokens it generated.
         _wait_until(lambda: _metric(httpx.get(url + "/metrics").text, "tss_requests_cancelled_total", endpoint="completions") == 1)
         assert _metric(httpx.get(url + "/metrics").text, "tss_generated_tokens_total") == n
         # and the server goes on serving

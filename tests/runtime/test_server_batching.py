@@ -1,4 +1,4 @@
-"""Many requests at once (issue 31): the real server, the official openai client over a
+"""Many requests at once: the real server, the official openai client over a
 socket, requests of three domains decoding in one continuous batch, each on its own skip set."""
 
 from __future__ import annotations

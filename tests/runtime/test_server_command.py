@@ -38,7 +38,7 @@ def test_the_command_loads_everything_at_start_and_serves_labelled_and_unlabeled
         assert r.tss["routed"] == (r.tss["domain"] is not None)
     finally:
         status = stop_command(proc, signal.SIGTERM)
-    assert status == 0  # SIGTERM drains and exits 0 (issue 32; uvicorn re-raised it: -15)
+    assert status == 0  # SIGTERM drains and exits 0 (uvicorn re-raised it: -15)
     text = log.read_text()
     assert text.count("router: fitting") == 1  # not again on a request
     assert "Who wrote Hamlet" not in text and "Guten Morgen" not in text  # no prompts in the log

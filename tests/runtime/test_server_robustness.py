@@ -1,4 +1,4 @@
-"""Issue 32 against the real server: each of the eight findings sent as the hostile but fair
+"""Eight robustness findings against the real server: each sent as the hostile but fair
 client sent it (raw sockets for the connection and SIGTERM findings), and the server healthy
 afterwards."""
 

@@ -1,4 +1,4 @@
-"""Issue 25 against the real server: the API key, the body limit, the refusal to bind beyond
+"""Security against the real server: the API key, the body limit, the refusal to bind beyond
 loopback without a key (the command run as a subprocess), and no key or prompt in logs."""
 
 from __future__ import annotations

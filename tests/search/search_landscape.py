@@ -126,7 +126,7 @@ def read_log(path: str | os.PathLike[str]) -> list[tuple[str, frozenset[int]]]:
 
 
 class GroupLandscape(Landscape):
-    """A :class:`Landscape` that evaluates several skip sets per call (grouped trials, issue 21):
+    """A :class:`Landscape` that evaluates several skip sets per call (grouped trials):
     ``call_group`` logs a ``start`` line for every set, sleeps once for the group (one batch)
     and logs ``done`` for every set; a set in ``kill_on`` kills the process once, mid-group."""
 

@@ -1,4 +1,4 @@
-"""A synthetic evaluator with per-prompt noise and a planted truth (issue 10's tests).
+"""A synthetic evaluator with per-prompt noise and a planted truth (for the paired-feasibility tests).
 
 Each prompt i has a dense accepted length ``a0_i`` and metric ``m0_i`` (prompt difficulty).
 Skipping S shifts every prompt by the *true* effect of S (the sum of its layers' effects)

@@ -1,4 +1,4 @@
-"""Issue 21, item 3: futility stopping inside chunked trials.
+"""Futility stopping inside chunked trials.
 
 A set stops once its *final* paired verdict can no longer pass (``PairedFeasibility.futile``),
 at the search's confidence with the looks corrected, under level 1's OR rule (both objectives
@@ -146,7 +146,7 @@ class Run:
 
 def drive(ev: Any, settings: SearchSettings, mode: str) -> Run:
     """Algorithm 1 in memory (as tests/search/search_drive.py), every trial chunked:
-    ``full`` never stops, ``hopeless`` is the early stopping of issue 10, ``futility`` adds it."""
+    ``full`` never stops, ``hopeless`` is plain early stopping, ``futility`` adds it."""
     results: dict[Config, Any] = {}
     prompts, stopped = 0, {}
     hib = getattr(ev, "metric_higher_is_better", True)
@@ -296,7 +296,7 @@ def test_why_qa_stopped_nothing() -> None:
     where the search ends at level 1 (seed 4, as qa did: no feasible single skip, S* dense)
     it stops nothing either: a level-1 set must run fully while it may still enter the
     candidate pool (25 of 27 do), and only 12 of 27 could not become feasible. Measured before
-    the metric tolerance had its floor (issue 36), so under that rule: ``eps_metric_abs=0``."""
+    the metric tolerance had its floor, so under that rule: ``eps_metric_abs=0``."""
     s = SearchSettings(
         mode="beam", beam_width=2, max_depth=3, early_barrier=2, latter_barrier=1, max_trials=40, eps_metric_abs=0.0
     )
@@ -320,7 +320,7 @@ def test_why_qa_stopped_nothing() -> None:
 
 
 def test_the_metric_floor_changes_answers_only_where_dense_scores_near_zero() -> None:
-    """Issue 36: on the qa-like landscape (dense F1 ~0.03, so 5 % is ~0.0015 F1) the default floor
+    """On the qa-like landscape (dense F1 ~0.03, so 5 % is ~0.0015 F1) the default floor
     (0.005) widens the metric tolerance and changes S* on 5 of 10 seeds (every change a set
     with more feasible sets behind it); with every prompt's F1 raised by 0.2 (the same paired
     differences; dense ~0.23, so 5 % ~0.012 is above the floor) nothing changes, as on

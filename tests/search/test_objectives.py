@@ -1,5 +1,5 @@
 """The objectives' names are written once (tss_opt.config.objectives) and the typed trial result
-(Measurement, PerPrompt, TrialRecord) serialises under them (issue 33)."""
+(Measurement, PerPrompt, TrialRecord) serialises under them."""
 
 from __future__ import annotations
 

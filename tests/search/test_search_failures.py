@@ -1,5 +1,5 @@
 """Failures around a trial: a stalled worker, interrupts outside the evaluator, the window
-between RUNNING and the first heartbeat, and configurations given up (issue 15)."""
+between RUNNING and the first heartbeat, and configurations given up."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A search survives a real Ctrl-C (SIGINT) or stall (SIGSTOP) at every step of a worker's life
-cycle: creating the study, taking a trial, evaluating, writing attributes, telling (issue 22).
+cycle: creating the study, taking a trial, evaluating, writing attributes, telling.
 
 Each fault is armed in a worker process by wrapping the storage method that writes at that
 instant (``search_worker.arm_fault``): the process signals itself before or after calling

@@ -1,4 +1,4 @@
-"""Every figure in the search's tables says what it measured (issue 36): a speed column only
+"""Every figure in the search's tables says what it measured: a speed column only
 where decoding was timed, the evaluator named, in the printed summary and the dashboard note."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Grouped trials (issue 21, ``search.group_size``): a worker claims several queued trials and
+"""Grouped trials (``search.group_size``): a worker claims several queued trials and
 evaluates them in one call; every configuration is still evaluated exactly once, across
 workers and storages, an interrupt re-queues the whole group, and the answer equals a
 one-at-a-time search's."""

@@ -1,4 +1,4 @@
-"""The interrupt guard with real SIGINTs, and a study whose creation was cut short (issue 22)."""
+"""The interrupt guard with real SIGINTs, and a study whose creation was cut short."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_guard_releases_a_held_ctrl_c_when_the_block_ends() -> None:
 
 def test_half_made_study_is_finished_on_resume(tmp_path: Path, study_name: str) -> None:
     """A study left with part of its identity (its creator stopped in between, the failure
-    issue 22 reported as "num_layers: stored None") is completed by the next run."""
+    seen as "num_layers: stored None") is completed by the next run."""
     url = f"sqlite:///{tmp_path / 'tss.db'}"
     study = optuna.create_study(
         storage=url, study_name=study_name, directions=["maximize", "maximize", "minimize"]

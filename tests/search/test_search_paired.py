@@ -1,4 +1,4 @@
-"""Issue 10: paired feasibility, per-prompt storage, early stopping, validation (search side)."""
+"""Paired feasibility, per-prompt storage, early stopping, validation (search side)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a user sees while a search runs (issue 36): bars on a terminal, one INFO line per trial
+"""What a user sees while a search runs: bars on a terminal, one INFO line per trial
 and per level, per-chunk lines at DEBUG, and a summary table that says what it measured."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Optuna private API tss_opt relies on (tss_opt/storage/optuna_adapter.py) still exists and
-behaves as the adapter assumes; an Optuna release that changes it fails here (issue 19)."""
+behaves as the adapter assumes; an Optuna release that changes it fails here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Data-free distillation text (issue 23): the target samples its own training text from the
+"""Data-free distillation text: the target samples its own training text from the
 training prompts and the shipped chat prompts, deterministically with a seed, never from a
 validation or held-out prompt; a head trained on it with a draft vocabulary decodes exactly
 greedy."""

@@ -1,4 +1,4 @@
-"""Per-domain settings of relaxed verification (issue 13): the DIVERSED weight search, CoSpec
+"""Per-domain settings of relaxed verification: the DIVERSED weight search, CoSpec
 REINFORCE, the config/assembly wiring and the lossy labels (tiny model, a few prompts)."""
 
 from __future__ import annotations

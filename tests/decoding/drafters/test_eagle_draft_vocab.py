@@ -1,4 +1,4 @@
-"""EAGLE's draft vocabulary (issue 23, FR-Spec): the head carries target ids, the drafter
+"""EAGLE's draft vocabulary (FR-Spec): the head carries target ids, the drafter
 projects onto them only and maps its choices back; checkpoints with and without one load;
 decoding stays exactly greedy (and exactly plain sampling with a seed)."""
 
@@ -64,7 +64,7 @@ def test_head_refuses_a_draft_vocabulary_outside_the_target(tiny: LoadedModel) -
 
 def test_checkpoint_round_trip_with_and_without_a_draft_vocabulary(tiny: LoadedModel, prompt: torch.Tensor, tmp_path: Path) -> None:
     head = random_eagle_head(tiny.model, seed=1)
-    old = save_eagle_head(head, tmp_path / "old")  # the format before issue 23: no draft_vocab
+    old = save_eagle_head(head, tmp_path / "old")  # the format before the draft vocabulary: no draft_vocab
     assert "draft_vocab" not in torch.load(old / "pytorch_model.bin") and "draft_vocab_size" not in json.loads((old / "config.json").read_text())
     assert load_eagle_head(old, tiny.model).draft_vocab is None
     head.set_draft_vocab(_vocab(prompt))

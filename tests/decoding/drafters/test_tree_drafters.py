@@ -269,7 +269,7 @@ def test_every_conf_file_is_registered() -> None:
     )
     for name in files:
         cfg = OmegaConf.load(REPO / "conf" / "drafter" / f"{name}.yaml")
-        # Each builder lives in its drafter's module (issue 33): the registry is a lookup.
+        # Each builder lives in its drafter's module: the registry is a lookup.
         assert cfg.name == name and str(cfg._target_).startswith("tss_opt.decoding.drafters.")
         assert ".registry." not in str(cfg._target_)
 
