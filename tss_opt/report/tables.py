@@ -232,7 +232,7 @@ def markdown_report(report: HeldoutReport, link_base: str | os.PathLike[str] | N
         "ΔMetric is on per-prompt scores (a corpus metric such as BLEU is not their mean).",
         "- domains whose mapping keeps dense ran native only (one row).",
         *(
-            ["- **LOSSY** rows ran the mapping entry's relaxed verification rule (issue 13; native is dense exact "
+            ["- **LOSSY** rows ran the mapping entry's relaxed verification rule (native is dense exact "
              "verification): their output is not the target's own; their metric change is shown beside the speedup."]
             if any(c.lossy for c in report.domains) else []
         ),

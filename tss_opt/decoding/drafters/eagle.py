@@ -88,8 +88,8 @@ def check_draft_vocab(head: Any, n: int | None) -> None:
         raise ValueError(f"drafter.draft_vocab={n!r} is invalid; expected null (the head's), 0 (the whole vocabulary) or N > 0")
     if n and head.draft_vocab is None:
         raise ValueError(
-            f"drafter.draft_vocab={n} but this EAGLE head carries no draft vocabulary (a checkpoint from before "
-            "issue 23, or trained with train.draft_vocab=0); set drafter.draft_vocab=null, or retrain the head"
+            f"drafter.draft_vocab={n} but this EAGLE head carries no draft vocabulary (a checkpoint saved "
+            "before heads had a draft vocabulary, or trained with train.draft_vocab=0); set drafter.draft_vocab=null, or retrain the head"
         )
 
 
