@@ -155,7 +155,12 @@ def _runner_hook(original: Any) -> Any:
             self._tss_checked = True
         rows = _rows(self)
         n_real = rows[-1].end if rows else 0
-        pos = positions[:n_real].cpu().numpy() if n_real else np.zeros(0, dtype=np.int64)
+        # Only a verify-scope row with a skip set needs positions (its prompt tokens run dense,
+        # later ones sparse); on a GPU reading them waits for the device, so other steps don't.
+        if any(r.skip_set and r.scope == "verify" for r in rows):
+            pos = positions[:n_real].cpu().numpy()
+        else:
+            pos = np.zeros(n_real, dtype=np.int64)
         plan = build_plan(rows, pos, int(positions.shape[0]), num_layers, positions.device)
         global _counts
         if _counts is None or _counts.num_layers != num_layers:

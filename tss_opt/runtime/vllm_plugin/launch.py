@@ -97,7 +97,6 @@ class VLLMLaunch:
         env = dict(os.environ if base is None else base)
         env.update(llm_env(self.mapping_path, self.model_id))
         env[SYSTEM_PROMPTS_ENV] = json.dumps({d: p for d, p in self.system_prompts.items() if p})
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key
         return env

@@ -63,7 +63,8 @@ def check_mapping_for_model(num_layers: int, env: Mapping[str, str]) -> None:
 def llm_env(mapping_path: str | os.PathLike[str] | None, model_id: str | None = None) -> dict[str, str]:
     """The environment a vLLM process tree needs to serve ``mapping_path`` (set it before the
     engine starts: ``os.environ.update(llm_env(...))``)."""
-    env: dict[str, str] = {}
+    # The hooks are the V1 model runner's; where Triton exists (a GPU), vLLM 0.32 would pick V2.
+    env: dict[str, str] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
     if mapping_path is not None:
         env[MAPPING_ENV] = str(Path(mapping_path).resolve())
     if model_id is not None:
