@@ -33,10 +33,11 @@ prompts of the other sections (chat-formatted token ids):
     cache (each skip set its own): the times are decoding. Then the TSS engine's per-layer
     counts. Five engines start: TSS and export in float32, TSS, export and plain in bfloat16.
 
-Without vLLM the section is skipped, saying so. Where ``tss_opt`` is not installed (the lent
-GPU machine runs it from the working tree), the plugin's ``vllm.general_plugins`` entry point,
-which vLLM reads in every process it spawns, is provided by a minimal ``.dist-info`` directory
-on the jobs' ``PYTHONPATH`` (what ``pip install -e .`` would register).
+Without vLLM the section is skipped, saying so. vLLM finds the plugin in every process it spawns
+through its ``vllm.general_plugins`` entry point; where no installed distribution declares it as
+this checkout's pyproject.toml does (the lent GPU machine runs the working tree uninstalled; a
+shared environment installed from another checkout), a minimal ``.dist-info`` declaring it is
+put on the engines' ``PYTHONPATH`` (what ``pip install -e .`` would register).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from vllm_support import JOB, TINY_VLLM, compare  # noqa: E402
 
 WORK = REPO / "storage" / "gpu_check_vllm"
 DOMAIN = "gpu_check"  # the mapping entry the export is written from
-ENTRY_POINT = "tss = tss_opt.runtime.vllm_plugin:register"
+PLUGIN_GROUP = "vllm.general_plugins"
 
 
 def vllm_version() -> str | None:
@@ -77,17 +78,31 @@ def vllm_version() -> str | None:
     return "?"
 
 
+def declared_plugins() -> dict[str, str]:
+    """The working tree's ``vllm.general_plugins`` entry points (name -> ``module:function``),
+    read from its pyproject.toml, so that they follow the package whatever it is renamed to."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    return dict(data.get("project", {}).get("entry-points", {}).get(PLUGIN_GROUP, {}))
+
+
 def plugin_site() -> str | None:
     """A directory whose ``.dist-info`` declares the plugin's entry point, when no installed
-    distribution does (``None``: one does)."""
+    distribution declares it as this working tree does (``None``: one does)."""
     from importlib.metadata import entry_points
 
-    if any(ep.name == "tss" for ep in entry_points(group="vllm.general_plugins")):
+    wanted = declared_plugins()
+    installed = {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
+    if all(installed.get(name) == value for name, value in wanted.items()):
         return None
     info = WORK / "plugin_site" / "tss_opt_vllm_plugin-0.0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tss-opt-vllm-plugin\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{ENTRY_POINT}\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in wanted.items())
+    (info / "entry_points.txt").write_text(f"[{PLUGIN_GROUP}]\n{lines}")
     return str(info.parent)
 
 

