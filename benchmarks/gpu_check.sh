@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_check.sh                                   # cuda when present, else reduced CPU mode
 #   GPU_CHECK_MODEL_PATH=/path/to/llama-2-7b bash benchmarks/gpu_check.sh   # + a local checkpoint
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh               # force the reduced CPU mode
+#   GPU_CHECK_SECTIONS=6 bash benchmarks/gpu_check.sh               # TSS inside vLLM alone (needs vLLM:
+#                                                                    pip install vllm==0.32.0; skipped without)
 # Settings and what it checks: benchmarks/gpu_check.py's docstring. Exit 1 when a check failed.
 #
 # On the lent GPU machine (its image lacks hydra-core, omegaconf, antlr4, rouge-score, nltk):

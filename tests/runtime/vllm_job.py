@@ -7,7 +7,8 @@ of its own, through vLLM's offline API (``vllm.LLM``), exactly as a user's scrip
 JOB: ``{"model": DIR, "engine": {LLM keyword arguments}, "tss": bool, "mapping": PATH|null,
 "model_id": str|null, "batches": [{"name", "prompts": [[ids]], "params": [{SamplingParams
 keywords}] (one per prompt, or one for all)}], "counts": bool}``. A batch that raises is
-recorded under ``errors`` and the next batch runs (the engine must survive bad input).
+recorded under ``errors`` and the next batch runs (the engine must survive bad input). Each
+batch's wall time (``llm.generate``) is recorded under ``seconds`` (the GPU check's speeds).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main(job_path: str, out_path: str) -> None:
         kwargs = llm_kwargs(job.get("mapping"), job.get("model_id"))
     kwargs.update(job.get("engine") or {})  # the job's settings win (enforce_eager=False: the guard)
     llm = LLM(model=job["model"], **kwargs)
-    out: dict = {"start_s": time.perf_counter() - t0, "batches": {}, "errors": {}, "prompts": {}}
+    out: dict = {"start_s": time.perf_counter() - t0, "batches": {}, "errors": {}, "prompts": {}, "seconds": {}}
     for batch in job["batches"]:
         params = batch["params"]
         if isinstance(params, dict):
@@ -44,11 +45,13 @@ def main(job_path: str, out_path: str) -> None:
                 ids = [*out["prompts"][name][row], *out["batches"][name][row]["tokens"], *ids["then"]]
             prompts.append({"prompt_token_ids": ids})
         out["prompts"][batch["name"]] = [p["prompt_token_ids"] for p in prompts]
+        t1 = time.perf_counter()
         try:
             results = llm.generate(prompts, sps, use_tqdm=False)
         except Exception as e:  # noqa: BLE001 - recorded for the test to check
             out["errors"][batch["name"]] = f"{type(e).__name__}: {e}"
             continue
+        out["seconds"][batch["name"]] = time.perf_counter() - t1
         rows = []
         for r in results:
             o = r.outputs[0]

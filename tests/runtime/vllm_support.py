@@ -49,9 +49,13 @@ class Comparison:
     gap: float | None = None
 
 
-def compare(tokens: Sequence[int], reference: Sequence[int], logprobs: Sequence[dict[str, float]] | None = None) -> Comparison:
+def compare(
+    tokens: Sequence[int], reference: Sequence[int], logprobs: Sequence[dict[str, float]] | None = None,
+    margin: float = NEAR_TIE,
+) -> Comparison:
     """``tokens`` against ``reference``: equal, or a first difference at a near-tie (``tokens``'
-    top-two log-probabilities there within :data:`NEAR_TIE`, the reference's token the second)."""
+    top-two log-probabilities there within ``margin``, default :data:`NEAR_TIE`, the reference's
+    token the second)."""
     tokens, reference = list(tokens), list(reference)
     if tokens == reference:
         return Comparison(True, False)
@@ -61,4 +65,4 @@ def compare(tokens: Sequence[int], reference: Sequence[int], logprobs: Sequence[
     top = sorted(logprobs[i].items(), key=lambda kv: -kv[1])
     gap = top[0][1] - top[1][1] if len(top) > 1 else float("inf")
     second_is_ref = len(top) > 1 and int(top[1][0]) == reference[i]
-    return Comparison(False, second_is_ref and gap <= NEAR_TIE, i, gap)
+    return Comparison(False, second_is_ref and gap <= margin, i, gap)
