@@ -125,7 +125,7 @@ def run_engine(job: dict[str, Any], name: str, site: str | None, timeout: float 
         return {"failed": True, "stderr": f"the engine job ran past {timeout:.0f} s"}
     (WORK / f"{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        return {"failed": True, "stderr": proc.stderr[-4000:]}
+        return {"failed": True, "stderr": (proc.stdout + proc.stderr)[-4000:]}  # vLLM logs to stdout
     return json.loads(out_path.read_text())
 
 

@@ -48,7 +48,7 @@ def runs(embedded, summarization_prompts, tmp_path_factory) -> dict:
 
 
 def _rows(run: dict, batch: str) -> list[dict]:
-    assert not run.get("failed"), run.get("stderr")
+    assert not run.get("failed"), run.get("output")
     return run["batches"][batch]
 
 

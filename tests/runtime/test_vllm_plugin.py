@@ -161,7 +161,7 @@ def _strip_logprobs(params):
 
 
 def _tokens(run: dict, batch: str) -> list[list[int]]:
-    assert not run.get("failed"), run.get("stderr")
+    assert not run.get("failed"), run.get("output")
     assert batch in run["batches"], f"{batch}: {run['errors'].get(batch)}"
     return [r["tokens"] for r in run["batches"][batch]]
 
@@ -169,7 +169,7 @@ def _tokens(run: dict, batch: str) -> list[list[int]]:
 def test_engines_started(runs):
     for name, run in runs.items():
         if name != "compiled":
-            assert not run.get("failed"), f"{name}: {run.get('stderr')}"
+            assert not run.get("failed"), f"{name}: {run.get('output')}"
 
 
 def _logprob_gap(a: list[dict], b: list[dict]) -> float:
@@ -291,4 +291,4 @@ def test_layer_counts_show_the_skipped_layers(runs):
 
 def test_the_compiled_engine_refuses_the_tss_model(runs):
     run = runs["compiled"]
-    assert run.get("failed") and "needs vLLM's compilation off" in run["stderr"], run.get("stderr", "")[-3000:]
+    assert run.get("failed") and "needs vLLM's compilation off" in run["output"], run.get("output", "")[-3000:]

@@ -32,12 +32,13 @@ def run_job(job: dict[str, Any], tmp: Path, name: str, timeout: float = 900) -> 
     job_path, out_path = tmp / f"{name}.job.json", tmp / f"{name}.out.json"
     job_path.write_text(json.dumps(job))
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1", "TQDM_DISABLE": "1"}
+    # One stream: vLLM logs to stdout (its worker's traceback included), Python to stderr.
     proc = subprocess.run(
         [sys.executable, str(JOB), str(job_path), str(out_path)], env=env, cwd=tmp,
-        capture_output=True, text=True, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
     )
     if proc.returncode != 0:
-        return {"failed": True, "returncode": proc.returncode, "stderr": proc.stderr}
+        return {"failed": True, "returncode": proc.returncode, "output": proc.stdout}
     return json.loads(out_path.read_text())
 
 

@@ -7,8 +7,8 @@ restructured: the layer list and every ``layer_idx`` stay as they are (a shorter
 renumbered indices reads other layers' keys/values, FACTS.md). Outside ``apply`` the layers
 are untouched, also after an exception.
 
-:meth:`SkipController.apply_rows` gives every batch row its own skip set (grouped trials,
-issue 21): a layer that every row skips is bypassed, one that no row skips runs densely, and
+:meth:`SkipController.apply_rows` gives every batch row its own skip set (grouped trials of
+the replay evaluator): a layer that every row skips is bypassed, one that no row skips runs densely, and
 a layer that some rows skip runs on the whole batch and the skipping rows keep their input
 (``torch.where``). Which of the three a layer is stays fixed inside the context, so each
 layer's KV cache grows consistently; the entries a skipping row writes at a mixed layer are
@@ -16,7 +16,7 @@ never read into that row's output (its output at that layer is its input), so ev
 exactly what :meth:`SkipController.apply` with its own set gives.
 
 :meth:`SkipController.apply_ragged` serves many requests in one forward (the server's
-continuous batching, issue 31): the rows' tokens are flattened into one sequence
+continuous batching): the rows' tokens are flattened into one sequence
 (``[1, T, hidden]``, each row with a cache of its own) and a layer runs on the tokens of the
 rows that do not skip it only (gathered, run, scattered back), so a skipped layer saves that
 row's compute, as multi-LoRA servers gather the rows of each adapter. The rows running the

@@ -213,7 +213,7 @@ def grouped_greedy(
     prefill: Callable[[], Any] | None = None,
 ) -> list[list[Generation]]:
     """:func:`batched_greedy` for a group of skip sets at once: one batch of
-    ``len(skips) * len(prompts)`` rows (issue 21, grouped trials).
+    ``len(skips) * len(prompts)`` rows (a grouped trial: one forward per step serves every set).
 
     Row ``g * B + b`` decodes prompt ``b`` under ``skips[g]``
     (:meth:`~tss_opt.decoding.skip.SkipController.apply_rows`). In ``verify`` scope the dense
@@ -495,7 +495,7 @@ class ReplayEvaluator(PromptSetEvaluator):
     def evaluate_group(
         self, skips: Sequence[frozenset[int] | Sequence[int]], prompt_ids: Sequence[int] | None = None
     ) -> list[EvalResult]:
-        """Measure several skip sets on the same prompts, generated together (issue 21).
+        """Measure several skip sets on the same prompts, generated together (grouped trials).
 
         Each batch of ``batch_size`` prompts runs as one forward of ``len(skips) x batch``
         rows, every row with its own skip set (:func:`grouped_greedy`); the dense prefill

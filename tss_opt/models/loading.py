@@ -14,6 +14,7 @@ import torch
 
 from tss_opt.config.model import ModelConfig, to_model_config
 from tss_opt.errors import TSSError
+from tss_opt.models.publish import publish_dir, staging_dir
 from tss_opt.progress import held_library_bars, quiet_library_bars
 
 log = logging.getLogger(__name__)
@@ -194,12 +195,8 @@ def _convert_gguf(src_dir: Path, gguf_file: str, cache: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = cache.with_name(cache.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    # Atomic, and safe beside another process converting at the same time (publish.py).
+    tmp = staging_dir(cache)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if cache.exists():
-        import shutil
-
-        shutil.rmtree(cache)
-    tmp.rename(cache)  # atomic: a crashed conversion never leaves a half-written cache
+    publish_dir(tmp, cache, complete=lambda d: (d / "model.safetensors").is_file())

@@ -13,6 +13,7 @@ from typing import Any
 
 from tss_opt.config.model import ModelConfig
 from tss_opt.models.loading import ModelLoadError, as_model_config, load_model
+from tss_opt.models.publish import publish_dir, staging_dir
 
 __all__ = ["checkpoint_dir"]
 
@@ -40,9 +41,8 @@ def checkpoint_dir(cfg: ModelConfig | Mapping[str, Any]) -> str:
     )
     if not (out / "config.json").is_file():
         loaded = load_model(mc)
-        tmp = out.with_name(out.name + ".partial")
-        tmp.mkdir(parents=True, exist_ok=True)
+        tmp = staging_dir(out)  # atomic, and safe beside another process (publish.py)
         loaded.model.save_pretrained(tmp)
         loaded.tokenizer.save_pretrained(tmp)
-        tmp.rename(out)  # atomic: never a half-written directory
+        publish_dir(tmp, out, complete=lambda d: (d / "config.json").is_file())
     return str(out.resolve())

@@ -111,7 +111,7 @@ class T2DReport:
 
 
 # Half precision: verifying k tokens in one forward and one at a time round differently, so a
-# lossless speculative run may take the other side of a near-tie (issue 24). A divergence counts
+# lossless speculative run may take the other side of a near-tie (measured on bfloat16 runs). A divergence counts
 # as lossless when the plain run's margin there is within this many ulps of its top logit.
 HALF_TIE_ULPS = 4
 HALF_DTYPES = (torch.float16, torch.bfloat16)

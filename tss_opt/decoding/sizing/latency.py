@@ -255,7 +255,7 @@ def load_or_measure_latency(
 
     ``directory``: see :func:`sizing_dir`. ``prefix_len``: the cached context the forwards
     run on (one file per length: a verified node's cost relative to a plain step depends on
-    it; issue 34 measured 2-5 % after 64 tokens and about 25 % after 800 on one CPU, and 60 %
+    it; measured: 2-5 % after 64 tokens and about 25 % after 800 on one CPU, and 60 %
     after 64 on another, docs/engine.md)."""
     key = hardware_key(target, model_name)
     path = _key_file(key, sizing_dir(directory), prefix_len)
