@@ -51,7 +51,7 @@ def _seed(target: TargetModel, directory: Path, latency: dict[int, float],
             table = LatencyTable.from_dict(json.loads(path.read_text()))
             if table.prefix_len == ctx:
                 secs = latency if ctx == 64 or long is None else long
-                path.write_text(json.dumps(LatencyTable(secs, t.key, t.measured_at, prefix_len=ctx).to_dict()))
+                path.write_text(json.dumps(LatencyTable(seconds=secs, key=t.key, measured_at=t.measured_at, prefix_len=ctx).to_dict()))
     prof = AcceptanceProfile(rank_accept=((0.6, 0.3, 0.2, 0.1),))
     for name in ("token_recycle", "eagle"):
         save_profile(prof, name, directory)
