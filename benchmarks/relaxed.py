@@ -1,4 +1,4 @@
-"""Relaxed verification on the embedded model (issue 13): exact vs DIVERSED (searched and learned
+"""Relaxed verification on the embedded model: exact vs DIVERSED (searched and learned
 weight) vs CoSpec (threshold and learned), each dense and with a TSS skip set, on held-out
 prompts; settings chosen on calibration prompts.
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides, drafter_line = drafter_overrides(args)
     weights = [float(w) for w in args.weights.split(",")]
     lines = [
-        "# Relaxed verification benchmark (issue 13)",
+        "# Relaxed verification benchmark",
         f"command: OMP_NUM_THREADS={args.threads} python benchmarks/relaxed.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         f"model: embedded SmolLM2-135M-Instruct, float32, {args.threads} thread(s); drafter: {drafter_line}, "

@@ -1,4 +1,4 @@
-"""Hardware sizing is the default of every tree drafter (issue 23 item 2): the shipped configs
+"""Hardware sizing is the default of every tree drafter: the shipped configs
 build sized drafters, the chain length of prompt lookup is the argmax of the expected rate, the
 choice is a deterministic function of the cached inputs (replay == engine), and greedy outputs
 stay identical to plain decoding for every drafter, sized and at fixed sizes."""
@@ -283,7 +283,7 @@ def test_self_auto_refuses_an_empty_skip_set_before_measuring(target64: TargetMo
     assert not list(tmp_path.glob("*.json"))  # nothing measured
 
 
-# ------------------------------------------------------------ every sized drafter, per context (issue 34)
+# ------------------------------------------------------------ every sized drafter, per context
 PER_CONTEXT = [
     {"name": "token_recycle"},
     {"name": "samd"},
