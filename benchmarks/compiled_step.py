@@ -1,4 +1,4 @@
-"""The compiled verification step against the eager one and the bandwidth limit (issue 34).
+"""The compiled verification step against the eager one and the bandwidth limit.
 
     python benchmarks/compiled_step.py                        # SmolLM2-135M, float32, one thread
     python benchmarks/compiled_step.py --lengths 64,800 --steps 30 --skip 6,20,25

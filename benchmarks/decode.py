@@ -2,7 +2,7 @@
 against our engine with every drafter, at its shipped config and at classic fixed sizes, on short
 and long prompts, eager and (``--compile``) compiled, against the memory-bandwidth limit.
 
-    python benchmarks/decode.py --compile                          # issue 34's run
+    python benchmarks/decode.py --compile                          # the standing run
     python benchmarks/decode.py --prompts 2 --max-new-tokens 32 --domains summarization --lengths 64
     python benchmarks/decode.py --methods all --skip     # every fixed size too, and under a skip set
 
@@ -28,7 +28,7 @@ the time to read the weights once (the bandwidth limit, measured on this machine
 accepted length
 (committed tokens per verification, bonus included); identical outputs (dense arms: equal to HF
 greedy's tokens; skip arms: equal to our plain decoding under the same skip set); target met
-(issue 34: every drafter >= 0.95x HF greedy on both lengths; the best >= 1.3x on summarization,
+(the targets: every drafter >= 0.95x HF greedy on both lengths; the best >= 1.3x on summarization,
 goal 1.6x; the compiled plain step within 2x of the bandwidth limit, goal 1.3x).
 
 Sizing inputs: the verification-latency tables of this (machine, model, dtype, device) per
@@ -94,7 +94,7 @@ DRAFTERS: dict[str, tuple[str, dict[str, Any]]] = {
     "self_auto": ("self-drafting (layers 10-19 skipped), auto", {"name": "self", "skip": list(range(10, 20))}),
 }
 ALL_METHODS = ["hf_greedy", "hf_pld", "plain", *DRAFTERS]
-# Issue 34's run: every drafter at its shipped config (pld's is the fixed chain of 10, the
+# The standing run: every drafter at its shipped config (pld's is the fixed chain of 10, the
 # search's protocol; pld_auto is the server's default), beside HF and our plain decoding.
 SHIPPED = ["hf_greedy", "hf_pld", "plain", "pld", "pld_auto", "token_recycle_auto", "samd_auto", "merged_auto",
            "eagle_auto", "self_auto"]
@@ -219,7 +219,7 @@ def _median(xs: list[float]) -> float:
 
 
 def target_cell(a: Arm) -> str:
-    """Issue 34's per-arm target: every drafter >= 0.95x HF greedy (and our prompt lookup >=
+    """The per-arm target: every drafter >= 0.95x HF greedy (and our prompt lookup >=
     1.0x HF's), outputs identical."""
     if not a.ours or a.key.startswith("plain"):
         return "-"
@@ -423,7 +423,7 @@ def main() -> None:
                 print("|---|---|---|---|---|---|---|---|---|---|")
                 for a in arms:
                     al = [x for x in a.al if x == x]
-                    # A plain step's time over the weights' read time (issue 34: compiled within 2x, goal 1.3x).
+                    # A plain step's time over the weights' read time (target: compiled within 2x, goal 1.3x).
                     bw = (f"{1 / _median(a.decode_tps) / read_s:.2f}x"
                           if a.key.split("@")[0] in ("plain", "hf_greedy") else "-")
                     print(f"| {a.label} | {'skip ' + str(list(a.skip)) if a.skip else 'dense'} | "

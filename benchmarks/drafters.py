@@ -1,4 +1,4 @@
-"""Drafters built from the target (issue 12) against the training-free ones, on held-out prompts.
+"""Drafters built from the target against the training-free ones, on held-out prompts.
 
     python benchmarks/drafters.py --domains summarization,translation \\
         --method pld --method samd --method eagle:random \\

@@ -1,4 +1,4 @@
-"""What one EAGLE draft costs with and without the head's draft vocabulary (issue 23).
+"""What one EAGLE draft costs with and without the head's draft vocabulary.
 
     python benchmarks/eagle_draft_cost.py --head storage/drafters/smollm2_135m/general \\
         --vocab 0 --vocab 8192 --vocab 4096 --tree 8,4,3 --tree 60,6,8

@@ -1,4 +1,4 @@
-"""llama.cpp on the dense and the sparse GGUF of the embedded model, beside our engine (issue 35).
+"""llama.cpp on the dense and the sparse GGUF of the embedded model, beside our engine.
 
     python benchmarks/gguf_speed.py                        # the run in docs/results/gguf_speed.txt
     python benchmarks/gguf_speed.py --prompts 2 --max-new-tokens 32 --outtypes f32

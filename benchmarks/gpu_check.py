@@ -17,13 +17,13 @@ package, e.g. on the lent GPU machine, a random 16-layer Llama built in code sta
    equals plain sampling with that seed. Also: tokens/s and host reads per step (on a GPU
    only reads of device tensors count: the real syncs; docs/engine.md has the bounds).
 2. **Engine vs replay vs grouped replay**: trial time and per-prompt equality of the two
-   evaluators (prompt lookup, dense and sparse) in float32 and bfloat16; then grouped replay
-   (issue 21): ``GPU_CHECK_GROUP`` skip sets (default 8 on a GPU, 2 on a CPU) generated in one
+   evaluators (prompt lookup, dense and sparse) in float32 and bfloat16; then grouped replay:
+   ``GPU_CHECK_GROUP`` skip sets (default 8 on a GPU, 2 on a CPU) generated in one
    batch against the same sets replayed one at a time (seconds per trial, outputs equal).
-4. **Batched serving** (issue 31, ``gpu_check_batch.py``): ``GPU_CHECK_BATCH`` rows (64 on a
+4. **Batched serving** (``gpu_check_batch.py``): ``GPU_CHECK_BATCH`` rows (64 on a
    GPU) over three skip sets in one continuous batch, each equal to its request alone; batch
    tokens/s against the same requests one after another.
-5. **Compiled step** (issue 34, ``gpu_check_compiled.py``): bfloat16 plain-step time eager vs
+5. **Compiled step** (``gpu_check_compiled.py``): bfloat16 plain-step time eager vs
    compiled (``compile=true``), dense and one skip set, against the time to read the weights;
    the compiled target's tokens against the eager target's.
 6. **TSS inside vLLM** (``gpu_check_vllm.py``): the vLLM plugin on CUDA vLLM (``pip install
@@ -251,7 +251,7 @@ def _one_drafter(
 def engine_vs_replay(rep: Report, model_cfg: dict[str, Any], label: str, tokens: int, n_prompts: int,
                      batch_size: int, group: int = 1) -> None:
     """Section 2/3: one trial per evaluator and skip set (after an untimed warm-up); with
-    ``group`` > 1 also grouped replay (issue 21): ``group`` skip sets per batch against the
+    ``group`` > 1 also grouped replay: ``group`` skip sets per batch against the
     same sets replayed one at a time (seconds per trial; outputs equal per prompt)."""
     from omegaconf import OmegaConf
 

@@ -1,4 +1,4 @@
-"""Section 4 of the GPU check (issue 31): batched serving, each row on its own skip set.
+"""Section 4 of the GPU check: batched serving, each row on its own skip set.
 
 ``GPU_CHECK_BATCH`` rows (default 64 on a GPU, 6 on a CPU) over three "domains" (dense and
 two skip sets) decode together in one :class:`~tss_opt.decoding.batch.BatchEngine` with

@@ -1,4 +1,4 @@
-"""Section 5 of the GPU check (issue 34): the compiled verification step.
+"""Section 5 of the GPU check: the compiled verification step.
 
 In bfloat16 on the base model (the embedded model, or the random stand-in): the median time of
 a plain step (one token verified) eager and compiled (``decoding/compiled.py``), dense and on

@@ -1,4 +1,4 @@
-"""Grouped trials (issue 21): per-trial replay against grouped replay on the embedded model.
+"""Grouped trials: per-trial replay against grouped replay on the embedded model.
 
     python benchmarks/grouped.py --domain qa
     python benchmarks/grouped.py --domain summarization --groups 2,4,8 --repeats 2

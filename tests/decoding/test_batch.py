@@ -1,4 +1,4 @@
-"""Continuous batching (issue 31): many requests in one target forward, each on its own skip
+"""Continuous batching: many requests in one target forward, each on its own skip
 set, each row exactly what its request alone emits."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hardware sizing is the default of every tree drafter (issue 23 item 2): the shipped configs
+"""Hardware sizing is the default of every tree drafter: the shipped configs
 build sized drafters, the chain length of prompt lookup is the argmax of the expected rate, the
 choice is a deterministic function of the cached inputs (replay == engine), and greedy outputs
 stay identical to plain decoding for every drafter, sized and at fixed sizes."""
@@ -51,7 +51,7 @@ def _seed(target: TargetModel, directory: Path, latency: dict[int, float],
             table = LatencyTable.from_dict(json.loads(path.read_text()))
             if table.prefix_len == ctx:
                 secs = latency if ctx == 64 or long is None else long
-                path.write_text(json.dumps(LatencyTable(secs, t.key, t.measured_at, prefix_len=ctx).to_dict()))
+                path.write_text(json.dumps(LatencyTable(seconds=secs, key=t.key, measured_at=t.measured_at, prefix_len=ctx).to_dict()))
     prof = AcceptanceProfile(rank_accept=((0.6, 0.3, 0.2, 0.1),))
     for name in ("token_recycle", "eagle"):
         save_profile(prof, name, directory)
@@ -283,7 +283,7 @@ def test_self_auto_refuses_an_empty_skip_set_before_measuring(target64: TargetMo
     assert not list(tmp_path.glob("*.json"))  # nothing measured
 
 
-# ------------------------------------------------------------ every sized drafter, per context (issue 34)
+# ------------------------------------------------------------ every sized drafter, per context
 PER_CONTEXT = [
     {"name": "token_recycle"},
     {"name": "samd"},

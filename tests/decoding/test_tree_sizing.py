@@ -166,9 +166,9 @@ def test_a_table_measured_on_a_busy_host_warns_once(
     target64: TargetModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     t = load_or_measure_latency(target64, tmp_path, sizes=(0, 1))
-    assert not LatencyTable(t.seconds, t.key, t.measured_at, load=1.9, cpus=2).busy
-    busy = LatencyTable(t.seconds, t.key, t.measured_at, load=7.5, cpus=2)
-    assert busy.busy and not LatencyTable(t.seconds, t.key).busy  # unrecorded load: not called busy
+    assert not LatencyTable(seconds=t.seconds, key=t.key, measured_at=t.measured_at, load=1.9, cpus=2).busy
+    busy = LatencyTable(seconds=t.seconds, key=t.key, measured_at=t.measured_at, load=7.5, cpus=2)
+    assert busy.busy and not LatencyTable(seconds=t.seconds, key=t.key).busy  # unrecorded load: not called busy
     # The same key's file in a folder this process has not read yet (this very host may be busy
     # now, and the measurement above may have warned already for its own file).
     path = tmp_path / "busy" / next(tmp_path.glob("latency-*.json")).name
@@ -223,7 +223,7 @@ def _seed_latency(target: TargetModel, directory: Path, latency: dict[int, float
         t = load_or_measure_latency(target, directory, sizes=(0, 1), prefix_len=ctx)
         for path in directory.glob("latency-*.json"):
             if path.name != "latency-x.json" and LatencyTable.from_dict(json.loads(path.read_text())).prefix_len == ctx:
-                path.write_text(json.dumps(LatencyTable(latency, t.key, t.measured_at, prefix_len=ctx).to_dict()))
+                path.write_text(json.dumps(LatencyTable(seconds=latency, key=t.key, measured_at=t.measured_at, prefix_len=ctx).to_dict()))
 
 
 @pytest.mark.parametrize("latency", [{0: 1e-3, 1: 1.0}, {0: 1.0, 8: 1.0, 16: 1.0}])

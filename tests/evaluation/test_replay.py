@@ -230,7 +230,7 @@ def test_embedded_float32_replay_equals_engine(embedded):
 
 
 def test_a_replay_labels_its_figures_and_reports_no_decoding_speed(tiny64, qa):
-    """Issue 36: the replay's throughput is not a decoding speed, so its answer (what the search
+    """The replay's throughput is not a decoding speed, so its answer (what the search
     stores as trial attributes, the dashboard's columns) has no ``tokens_per_s``; the engine's has."""
     engine, replay = _pair(tiny64, qa, lambda: PromptLookupDrafter(num_tokens=5), "verify", n=2)
     e, r = engine(frozenset({1})), replay(frozenset({1}))

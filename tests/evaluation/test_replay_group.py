@@ -1,4 +1,4 @@
-"""Grouped trials (issue 21): several skip sets generated in one batch give, per prompt, what
+"""Grouped trials: several skip sets generated in one batch give, per prompt, what
 each set gives alone.
 
 Tiny random Llama in float64 (exact) and float32 (the default dtype; rows compute

@@ -1,4 +1,4 @@
-"""A domain's sparse target as a GGUF file (issue 35): the block surgery on a GGUF written with
+"""A domain's sparse target as a GGUF file: the block surgery on a GGUF written with
 the ``gguf`` package, read back with its reader. llama.cpp itself runs the export of the
 embedded model in test_gguf_llama.py."""
 

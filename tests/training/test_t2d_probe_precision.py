@@ -1,5 +1,5 @@
 """The T2D probe's lossless check in half precision: a first divergence at a near-tie of the
-plain run counts as lossless, a clear divergence does not; float32 needs equal tokens (issue 24)."""
+plain run counts as lossless, a clear divergence does not; float32 needs equal tokens."""
 
 from __future__ import annotations
 

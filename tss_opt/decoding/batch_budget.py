@@ -22,25 +22,22 @@ batched plain decoding, which emits the same tokens.
 from __future__ import annotations
 
 import bisect
-import datetime as _dt
-import json
-import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tss_opt.decoding.sizing.latency import (
+from tss_opt.decoding.sizing.latency import hardware_key, sizing_dir
+from tss_opt.decoding.sizing.measured import (
+    MeasuredTable,
     TreeSizingError,
-    _key_file,
-    _warn_if_busy,
-    hardware_key,
     host_load,
-    sizing_dir,
-    was_busy,
+    load_or_measure,
+    table_path,
+    utc_now,
 )
 
 if TYPE_CHECKING:
@@ -48,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchLatency", "DepthPolicy", "RowOdds", "choose_depth", "load_or_measure_batch_latency"]
 
-log = logging.getLogger(__name__)
 
 ROWS = (1, 2, 4, 8, 16, 32)
 TOKENS = (1, 2, 3, 5, 9)  # tokens per row: the root plus 0, 1, 2, 4, 8 drafted
@@ -81,25 +77,20 @@ class RowOdds:
 
 
 @dataclass(frozen=True)
-class BatchLatency:
+class BatchLatency(MeasuredTable):
     """Seconds of one batched forward against rows and tokens per row, measured.
 
     Attributes:
         rows: measured batch sizes, increasing.
         tokens: measured tokens per row, increasing (1: plain decoding).
         seconds: ``seconds[i][j]`` for ``rows[i]`` rows of ``tokens[j]`` tokens each.
-        key: what the measurement holds for (``sizing.latency.hardware_key``).
-        measured_at, load, cpus, prefix_len: as :class:`~tss_opt.decoding.sizing.latency.LatencyTable`.
+        key, measured_at, load, cpus, prefix_len: the provenance
+            (:class:`~tss_opt.decoding.sizing.measured.MeasuredTable`).
     """
 
     rows: tuple[int, ...]
     tokens: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
-    key: Mapping[str, str] = field(default_factory=dict)
-    measured_at: str = ""
-    load: float | None = None
-    cpus: int | None = None
-    prefix_len: int = 64
 
     def __post_init__(self) -> None:
         if not self.rows or not self.tokens:
@@ -110,10 +101,6 @@ class BatchLatency:
             raise TreeSizingError("batch latency table: seconds must have one row per batch size, one value per token count")
         if any(not s > 0 for r in self.seconds for s in r):
             raise TreeSizingError("batch latency table: every time must be positive; measure it again")
-
-    @property
-    def busy(self) -> bool:
-        return was_busy(self.load, self.cpus)
 
     def at(self, rows: float, tokens: float) -> float:
         """Seconds for ``rows`` rows of ``tokens`` tokens: bilinear between measured points,
@@ -135,8 +122,7 @@ class BatchLatency:
     def to_dict(self) -> dict[str, Any]:
         return {
             "rows": list(self.rows), "tokens": list(self.tokens), "seconds": [list(r) for r in self.seconds],
-            "key": dict(self.key), "measured_at": self.measured_at, "load": self.load, "cpus": self.cpus,
-            "prefix_len": self.prefix_len,
+            **self.provenance(),
         }
 
     @classmethod
@@ -144,9 +130,7 @@ class BatchLatency:
         try:
             return cls(
                 rows=tuple(int(x) for x in data["rows"]), tokens=tuple(int(x) for x in data["tokens"]),
-                seconds=tuple(tuple(float(x) for x in r) for r in data["seconds"]), key=dict(data.get("key", {})),
-                measured_at=str(data.get("measured_at", "")), load=data.get("load"), cpus=data.get("cpus"),
-                prefix_len=int(data.get("prefix_len", 64)),
+                seconds=tuple(tuple(float(x) for x in r) for r in data["seconds"]), **cls.provenance_from(data),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TreeSizingError(f"batch latency table is malformed ({e}); delete it to measure it again") from e
@@ -259,17 +243,15 @@ def measure_batch_latency(
         for j in range(len(tokens_t)):
             grid[i][j] = max(grid[i][j], grid[i - 1][j] if i else 0.0, grid[i][j - 1] if j else 0.0)
     seconds = tuple(tuple(row) for row in grid)
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return BatchLatency(
         rows=tuple(rows_t), tokens=tuple(tokens_t), seconds=seconds, key=dict(key or hardware_key(target)),
-        measured_at=now, load=load, cpus=cpus, prefix_len=prefix_len,
+        measured_at=utc_now(), load=load, cpus=cpus, prefix_len=prefix_len,
     )
 
 
 def batch_latency_path(target: TargetModel, directory: str | Path | None = None, model_name: str | None = None) -> Path:
     """Where this machine's table for ``target`` is cached (next to the verification tables)."""
-    path = _key_file(hardware_key(target, model_name), sizing_dir(directory))
-    return path.with_name(path.name.replace("latency-", "batch-latency-", 1))
+    return table_path("batch-latency", hardware_key(target, model_name), sizing_dir(directory))
 
 
 def load_or_measure_batch_latency(
@@ -278,17 +260,6 @@ def load_or_measure_batch_latency(
     """The cached table for this (machine, model, dtype, device), measured and saved once
     (SmolLM2-135M, float32, one CPU thread: about half a minute; the tiny test model: a second)."""
     path = batch_latency_path(target, directory, model_name)
-    if path.is_file():
-        try:
-            table = BatchLatency.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, TreeSizingError):
-            pass  # damaged: measured again and overwritten
-        else:
-            _warn_if_busy(table, path)  # type: ignore[arg-type]
-            return table
-    log.info("measuring the batch latency table for %s (once; cached in %s)", path.stem, path.parent)
-    table = measure_batch_latency(target, key=hardware_key(target, model_name))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table.to_dict(), indent=1) + "\n", encoding="utf-8")
-    _warn_if_busy(table, path)  # type: ignore[arg-type]
-    return table
+    return load_or_measure(
+        path, BatchLatency.from_dict, lambda: measure_batch_latency(target, key=hardware_key(target, model_name))
+    )

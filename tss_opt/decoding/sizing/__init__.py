@@ -4,6 +4,9 @@ module:
 - :mod:`~tss_opt.decoding.sizing.latency`: verification latency against tree size, measured
   once per (machine, model, dtype, device, cached length) and cached as JSON
   (``storage/tree_sizing/latency-<key>[-ctx<n>].json``), and drafters' measured draft costs.
+- :mod:`~tss_opt.decoding.sizing.measured`: what every measured table shares (its provenance,
+  the busy-host rule, its file name, load-or-measure-once); the batch engine's
+  ``BatchLatency`` is one too.
 - :mod:`~tss_opt.decoding.sizing.choice`: the pure choice (:func:`choose_tree`) from a latency
   table and an :class:`AcceptanceProfile`; the shared priors.
 - :mod:`~tss_opt.decoding.sizing.profiles`: measured acceptance profiles cached as JSON

@@ -7,27 +7,31 @@ forward (root + ``n`` chain nodes) timed on a warm cache, cached as JSON
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import logging
 import os
 import platform
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.decoding.sizing.measured import (
+    MeasuredTable,
+    TreeSizingError,
+    host_load,
+    load_or_measure,
+    table_path,
+    utc_now,
+)
 from tss_opt.decoding.tree import DraftTree
-from tss_opt.errors import TSSError
 
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
 
-log = logging.getLogger(__name__)
 
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
 DEFAULT_DIR = Path("storage/tree_sizing")
@@ -45,31 +49,17 @@ def sizing_dir(directory: str | Path | None = None) -> Path:
     return Path(os.environ.get(ENV_DIR) or DEFAULT_DIR)
 
 
-class TreeSizingError(TSSError):
-    """A latency table or acceptance profile is malformed or missing values."""
-
-
 # ------------------------------------------------------------------------------ latency
 @dataclass(frozen=True)
-class LatencyTable:
+class LatencyTable(MeasuredTable):
     """Seconds of one verification forward (root + ``n`` tree nodes) against ``n``.
 
     Attributes:
         seconds: ``{n: seconds}``; ``n = 0`` is a plain decoding step (the root alone).
-        key: what the measurement holds for: ``machine``, ``model``, ``dtype``, ``device``.
-        measured_at: ISO date-time (UTC) of the measurement.
-        load: the host's 1-minute load average when the measurement started (``None``: not
-            recorded, e.g. a table written by hand or by an older version).
-        cpus: the host's CPU count then (what ``load`` is compared with).
-        prefix_len: the cached context (tokens) the forwards ran on.
+        key, measured_at, load, cpus, prefix_len: the provenance (:class:`MeasuredTable`).
     """
 
     seconds: Mapping[int, float]
-    key: Mapping[str, str] = field(default_factory=dict)
-    measured_at: str = ""
-    load: float | None = None
-    cpus: int | None = None
-    prefix_len: int = 64
 
     def __post_init__(self) -> None:
         if 0 not in self.seconds:
@@ -101,22 +91,8 @@ class LatencyTable:
         slope = max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a))
         return float(self.seconds[b] + slope * (n - b))
 
-    @property
-    def busy(self) -> bool:
-        """Whether the host was busy when this was measured: more runnable work (1-minute load
-        average) than CPUs. Such a table describes contention, not the machine: on the 2-core
-        CPU of docs/engine.md, one node cost 1.8x a plain step at load 6-8 and 0.97x at 2.6."""
-        return was_busy(self.load, self.cpus)
-
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": dict(self.key),
-            "measured_at": self.measured_at,
-            "load": self.load,
-            "cpus": self.cpus,
-            "prefix_len": self.prefix_len,
-            "seconds": {str(n): s for n, s in sorted(self.seconds.items())},
-        }
+        return {**self.provenance(), "seconds": {str(n): s for n, s in sorted(self.seconds.items())}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
@@ -126,12 +102,7 @@ class LatencyTable:
             raise TreeSizingError(
                 f"latency table needs 'seconds': {{nodes: seconds}}; got {data!r:.200} ({e})"
             ) from e
-        load, cpus = data.get("load"), data.get("cpus")
-        return cls(
-            seconds=secs, key=dict(data.get("key", {})), measured_at=str(data.get("measured_at", "")),
-            load=None if load is None else float(load), cpus=None if cpus is None else int(cpus),
-            prefix_len=int(data.get("prefix_len", 64)),
-        )
+        return cls(seconds=secs, **cls.provenance_from(data))
 
 
 def _cpu_name() -> str:
@@ -158,43 +129,6 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
     if target.compiled:  # a compiled step has its own costs (decoding/compiled.py)
         name += " compiled"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
-
-
-def _key_file(key: Mapping[str, str], directory: Path, prefix_len: int = 64) -> Path:
-    slug = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", key[k]) for k in ("model", "dtype", "device", "machine"))
-    # The 64-token table keeps its original name (tables cached before contexts existed).
-    ctx = "" if prefix_len == 64 else f"-ctx{prefix_len}"
-    return directory / f"latency-{slug}{ctx}.json"
-
-
-def was_busy(load: float | None, cpus: int | None) -> bool:
-    """The rule for every measured table: more runnable work (1-minute load average) than CPUs
-    when it was measured (unknown: not busy)."""
-    return load is not None and cpus is not None and load > cpus
-
-
-def host_load() -> tuple[float | None, int | None]:
-    """(1-minute load average, CPU count) of this host; ``(None, count)`` where the platform
-    has no load average."""
-    try:
-        load: float | None = round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        load = None
-    return load, os.cpu_count()
-
-
-_WARNED: set[Path] = set()  # once per file and process: every drafter build reads the table
-
-
-def _warn_if_busy(table: LatencyTable, path: Path) -> None:
-    if table.busy and path not in _WARNED:
-        _WARNED.add(path)
-        log.warning(
-            "the verification-latency table %s was measured at load %.1f on %d CPUs: it describes a busy "
-            "machine, and the trees sized from it may speculate less (or more) than this machine pays for; "
-            "delete the file and run again on a quiet machine to measure it anew",
-            path, table.load, table.cpus,
-        )
 
 
 @torch.inference_mode()
@@ -236,9 +170,8 @@ def measure_latency(
                 times[n].append(time.perf_counter() - t0)
             crop_to(cache, prefix_len)
     seconds = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=now, load=load, cpus=cpus,
-                        prefix_len=prefix_len)
+    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=utc_now(), load=load,
+                        cpus=cpus, prefix_len=prefix_len)
 
 
 def load_or_measure_latency(
@@ -258,20 +191,10 @@ def load_or_measure_latency(
     it; measured: 2-5 % after 64 tokens and about 25 % after 800 on one CPU, and 60 %
     after 64 on another, docs/engine.md)."""
     key = hardware_key(target, model_name)
-    path = _key_file(key, sizing_dir(directory), prefix_len)
-    if path.is_file():
-        try:
-            table = LatencyTable.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, TreeSizingError):
-            pass  # a damaged cache is measured again and overwritten
-        else:
-            _warn_if_busy(table, path)
-            return table
-    table = measure_latency(target, sizes, key=key, prefix_len=prefix_len)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table.to_dict(), indent=1) + "\n", encoding="utf-8")
-    _warn_if_busy(table, path)
-    return table
+    path = table_path("latency", key, sizing_dir(directory), prefix_len)
+    return load_or_measure(
+        path, LatencyTable.from_dict, lambda: measure_latency(target, sizes, key=key, prefix_len=prefix_len)
+    )
 
 
 def load_or_measure_draft_cost(
@@ -287,8 +210,7 @@ def load_or_measure_draft_cost(
     same number and the chosen tree is a deterministic function of cached inputs (the replay
     evaluator and the engine then size alike)."""
     key = hardware_key(target, model_name)
-    path = _key_file(key, sizing_dir(directory))
-    path = path.with_name(path.name.replace("latency-", f"draft-{re.sub(r'[^A-Za-z0-9._]+', '_', name)}-", 1))
+    path = table_path(f"draft-{re.sub(r'[^A-Za-z0-9._]+', '_', name)}", key, sizing_dir(directory))
     if path.is_file():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -298,8 +220,7 @@ def load_or_measure_draft_cost(
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             pass  # damaged: measured again
     seconds = float(measure())
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "name": name, "measured_at": now, "seconds": seconds}, indent=1) + "\n",
+    path.write_text(json.dumps({"key": key, "name": name, "measured_at": utc_now(), "seconds": seconds}, indent=1) + "\n",
                     encoding="utf-8")
     return seconds
