@@ -51,7 +51,7 @@ class ServerSpec:
             column).
         port: The loopback port it listens on.
         argv: The command line, the interpreter first.
-        env: Variables set on top of this process's environment.
+        env: Variables set on top of this process's environment (``None``: removed from it).
         model: The id requests must name (the peer is pinned to its checkpoint directory);
             ``None``: the first id the server's ``/v1/models`` lists.
         log: Where the server's stdout and stderr go.
@@ -60,7 +60,7 @@ class ServerSpec:
     name: str
     port: int
     argv: list[str]
-    env: dict[str, str]
+    env: dict[str, str | None]
     model: str | None
     log: Path
 
@@ -72,7 +72,7 @@ class ServerSpec:
             argv = ["transformers", *argv[3:]]
         elif argv[0] == sys.executable:
             argv[0] = "python"
-        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()) if k != "PYTHONPATH")
+        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()) if k != "PYTHONPATH" and v is not None)
         return f"{env} {' '.join(argv)}".strip()
 
 
@@ -131,11 +131,14 @@ def vllm_missing() -> str | None:
     return None
 
 
-def _vllm_env(threads: int) -> dict[str, str]:
-    # A local directory: no hub look-ups. vLLM's CPU worker binds its own OpenMP threads
-    # (VLLM_CPU_OMP_THREADS_BIND), whatever OMP_NUM_THREADS says; it is set for the front end.
-    return {**thread_env(threads), "VLLM_CPU_KVCACHE_SPACE": KVCACHE_GIB, "HF_HUB_OFFLINE": "1",
-            "HF_HUB_DISABLE_UPDATE_CHECK": "1", "TQDM_DISABLE": "1"}
+def _vllm_env() -> dict[str, str | None]:
+    # A local directory: no hub look-ups. No thread counts: vLLM's CPU worker binds its OpenMP
+    # threads to cores itself (VLLM_CPU_OMP_THREADS_BIND; on 2 cores one, the other reserved for
+    # its front end) and sizes torch's pool to them unless OMP_NUM_THREADS says otherwise, and
+    # then 2 threads on its 1 core spin against each other (measured: 0.7 tokens/s at 1 client).
+    # The plugin's launch drops them on a CPU for the same reason (vllm_plugin/launch.py).
+    return {"OMP_NUM_THREADS": None, "MKL_NUM_THREADS": None, "VLLM_CPU_KVCACHE_SPACE": KVCACHE_GIB,
+            "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "TQDM_DISABLE": "1"}
 
 
 def _repo_path() -> str:
@@ -143,7 +146,7 @@ def _repo_path() -> str:
 
 
 def tssvllm_spec(
-    port: int, mapping: Path, cache_dir: Path, threads: int, vllm_args: Sequence[str], log: Path
+    port: int, mapping: Path, cache_dir: Path, vllm_args: Sequence[str], log: Path
 ) -> ServerSpec:
     """``python -m tss_opt.cli.serve backend=vllm`` of this repository with the mapping; vLLM's
     own options after ``--``. The plugin sets ``--enforce-eager``, the served name (the model's
@@ -152,11 +155,11 @@ def tssvllm_spec(
         sys.executable, "-m", "tss_opt.cli.serve", "backend=vllm", "host=127.0.0.1", f"port={port}",
         f"mapping_path={mapping}", f"model.cache_dir={cache_dir}", *(["--", *vllm_args] if vllm_args else []),
     ]
-    return ServerSpec("tssvllm", port, argv, {**_vllm_env(threads), "PYTHONPATH": _repo_path()}, None, log)
+    return ServerSpec("tssvllm", port, argv, {**_vllm_env(), "PYTHONPATH": _repo_path()}, None, log)
 
 
 def vllm_spec(
-    port: int, checkpoint: Path, threads: int, vllm_args: Sequence[str], log: Path, *, eager: bool
+    port: int, checkpoint: Path, vllm_args: Sequence[str], log: Path, *, eager: bool
 ) -> ServerSpec:
     """Plain vLLM on the checkpoint: its defaults (``eager=False``: compiled, prefix caching),
     or the plugin's launch settings (``eager=True``: ``--enforce-eager``, the V1 model runner)
@@ -166,7 +169,7 @@ def vllm_spec(
         "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
         *(["--enforce-eager"] if eager else []), *vllm_args,
     ]
-    env = _vllm_env(threads)
+    env = _vllm_env()
     if eager:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # as the plugin's launch sets it
     return ServerSpec("vllm-eager" if eager else "vllm", port, argv, env, checkpoint.name, log)
@@ -218,7 +221,8 @@ def running(spec: ServerSpec, ready_timeout: float = 900.0) -> Iterator[str]:
     url = f"http://127.0.0.1:{spec.port}"
     with spec.log.open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(
-            spec.argv, cwd=REPO, env={**os.environ, **spec.env}, stdout=log, stderr=subprocess.STDOUT,
+            spec.argv, cwd=REPO, env={k: v for k, v in {**os.environ, **spec.env}.items() if v is not None},
+            stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         try:

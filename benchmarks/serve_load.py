@@ -28,8 +28,11 @@ The servers (``--servers``, in the order given; ``_servers.py`` builds their com
 ``--`` for ``tssvllm``). Requests to ``ours`` and ``tssvllm`` are labelled with their domain
 (``extra_body={"domain": ...}``); the others get them unlabelled. All serve the same float32
 checkpoint (the embedded SmolLM2-135M, converted once by tss_opt into ``storage/models``) with
-the same thread count (``--threads``, default torch's: OMP_NUM_THREADS for every server,
-``threads=`` for ours; vLLM's CPU worker binds its own OpenMP threads, VLLM_CPU_OMP_THREADS_BIND),
+the same thread count for ours and the peer (``--threads``, default torch's: OMP_NUM_THREADS,
+``threads=`` for ours); the vLLM servers get no thread count: vLLM's CPU worker binds its OpenMP
+threads to cores itself (VLLM_CPU_OMP_THREADS_BIND; on 2 cores it computes on one and reserves
+the other for its front end and engine core), and a count from the environment would put two
+threads on its one core (measured: 0.7 tokens/s),
 and the vLLM servers the same ``VLLM_CPU_KVCACHE_SPACE`` (4 GiB unless set).
 
 The load: ``--requests`` (2) chat requests per client at the largest client count, drawn in turn
@@ -572,7 +575,7 @@ def main() -> None:
     ap.add_argument("--one-domain-servers", nargs="+", default=["tssvllm", "vllm-eager"], choices=SERVERS,
                     help="the servers that also run the one-domain load")
     ap.add_argument("--mapping", default=str(REPO / "docs/results/mapping_cpu_preset.yaml"), help="ours' and tssvllm's mapping")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads of every server (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads of ours and the peer (default: torch's); vLLM binds its own")
     ap.add_argument("--servers", nargs="+", default=["ours", "peer"], choices=SERVERS, help="run in this order")
     ap.add_argument("--ours-arg", action="append", default=[], help="a KEY=VALUE setting for ours (repeatable)")
     ap.add_argument("--peer-arg", action="append", default=[], help="a flag for transformers serve, e.g. --peer-arg=--cb-num-blocks=64")
@@ -623,16 +626,16 @@ def main() -> None:
             port, mapping, cache_dir, args.max_tokens, threads, ours_extra, work / "ours.log"
         ),
         "peer": lambda port: _servers.peer_spec(port, checkpoint, threads, args.peer_arg, work / "peer.log"),
-        "tssvllm": lambda port: _servers.tssvllm_spec(port, mapping, cache_dir, threads, args.vllm_arg, work / "tssvllm.log"),
-        "vllm": lambda port: _servers.vllm_spec(port, checkpoint, threads, args.vllm_arg, work / "vllm.log", eager=False),
+        "tssvllm": lambda port: _servers.tssvllm_spec(port, mapping, cache_dir, args.vllm_arg, work / "tssvllm.log"),
+        "vllm": lambda port: _servers.vllm_spec(port, checkpoint, args.vllm_arg, work / "vllm.log", eager=False),
         "vllm-eager": lambda port: _servers.vllm_spec(
-            port, checkpoint, threads, args.vllm_arg, work / "vllm-eager.log", eager=True
+            port, checkpoint, args.vllm_arg, work / "vllm-eager.log", eager=True
         ),
     }
     vllm_used = any(s in VLLM_SERVERS for s in servers)
     lines = [
         f"serve_load: SmolLM2-135M float32 on CPU ({cpu_name()}, {os.cpu_count()} logical CPUs), "
-        f"{threads} thread(s) per server; torch {version('torch')}, transformers {version('transformers')}, "
+        f"{threads} thread(s) for ours and the peer; torch {version('torch')}, transformers {version('transformers')}, "
         f"openai {version('openai')}" + (f", vllm {dist_version('vllm', 'vllm-cpu')}" if vllm_used else ""),
     ]
     for load in loads:
@@ -652,8 +655,8 @@ def main() -> None:
     )
     if vllm_used:
         lines.append(
-            f"vLLM servers: VLLM_CPU_KVCACHE_SPACE={_servers.KVCACHE_GIB}; their CPU worker binds its own OpenMP threads "
-            "(VLLM_CPU_OMP_THREADS_BIND, default auto)" + (f"; --vllm-arg {' '.join(args.vllm_arg)}" if args.vllm_arg else "")
+            f"vLLM servers: VLLM_CPU_KVCACHE_SPACE={_servers.KVCACHE_GIB}; no OMP_NUM_THREADS: their CPU worker binds "
+            "its own OpenMP threads (VLLM_CPU_OMP_THREADS_BIND, default auto: see each server's log)" + (f"; --vllm-arg {' '.join(args.vllm_arg)}" if args.vllm_arg else "")
         )
     lines.append(f"load average {loadavg()}")
     for line in lines:

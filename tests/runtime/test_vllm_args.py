@@ -103,3 +103,17 @@ def test_layer_counts_add_up():
     counts.add(_plan([RowSpan(0, 2, (1,), "all", 1), RowSpan(2, 3, (), "all", 1)], [1, 2, 5]), 3)
     assert counts.steps == 2 and counts.tokens == 6
     assert counts.dense == [2, 1, 2, 2] and counts.mixed == [0, 1, 0, 0] and counts.tokens_skipped == [0, 2, 0, 0]
+
+
+def test_on_a_cpu_the_thread_counts_are_left_to_vllm(caplog):
+    from tss_opt.runtime.vllm_plugin.launch import VLLMLaunch
+
+    base = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "PATH": "/bin"}
+    launch = VLLMLaunch(model_dir="m", served_model_name="m", model_id="m", dtype="float32", host="127.0.0.1", port=1)
+    with caplog.at_level("INFO", logger="tss_opt.runtime.vllm_plugin.launch"):
+        cpu = VLLMLaunch(**{**launch.__dict__, "cpu": True}).env(base)
+    # vLLM's CPU worker binds its threads to cores; a count from the environment oversubscribes them.
+    assert "OMP_NUM_THREADS" not in cpu and "MKL_NUM_THREADS" not in cpu and cpu["PATH"] == "/bin"
+    assert "OMP_NUM_THREADS=2" in caplog.text
+    assert launch.env(base)["OMP_NUM_THREADS"] == "2"  # a GPU build: the environment as it is
+    assert base["OMP_NUM_THREADS"] == "2"  # the caller's mapping is not changed

@@ -197,6 +197,7 @@ def build_vllm_launch(cfg: DictConfig, vllm_args: list[str] | None = None) -> VL
         mapping_path=str(cfg.mapping_path),
         system_prompts=domain_system_prompts(mapping.domains, chosen_domain(cfg)),
         vllm_args=tuple([*(cfg.get("vllm_args") or []), *(vllm_args or [])]),
+        cpu=str(mc.device).startswith("cpu"),
     )
 
 

@@ -13,7 +13,12 @@ exit codes and vLLM's own options are vLLM's. The plugin's launch settings:
 - ``--served-model-name``, ``--dtype``, ``--host``, ``--port`` from our settings; the API key
   through ``VLLM_API_KEY`` (a key in argv shows in ``ps``);
 - ``TSS_MAPPING``, ``TSS_MODEL_ID``, ``TSS_SYSTEM_PROMPTS`` in the environment every vLLM
-  process inherits; ``VLLM_USE_V2_MODEL_RUNNER=0`` (the hooks are the V1 runner's).
+  process inherits; ``VLLM_USE_V2_MODEL_RUNNER=0`` (the hooks are the V1 runner's);
+- on a CPU, no ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``: vLLM's CPU worker binds its OpenMP
+  threads to cores (``VLLM_CPU_OMP_THREADS_BIND``, by default all but one, which it reserves for
+  its front end) and sizes torch's thread pool to them, but keeps a count set in the
+  environment; more threads than bound cores spin against each other (measured on 2 cores with
+  ``OMP_NUM_THREADS=2``, one core bound: 0.7 generated tokens/s instead of about 25).
 
 Everything after ``--`` goes to vLLM as given (``--speculative-config``, ``--max-num-seqs``...).
 """
@@ -21,6 +26,7 @@ Everything after ``--`` goes to vLLM as given (``--speculative-config``, ``--max
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,7 +36,11 @@ from tss_opt.errors import UsageError
 
 __all__ = ["VLLMLaunch", "check_vllm", "exec_vllm"]
 
+log = logging.getLogger(__name__)
+
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# Not passed to vLLM on a CPU (module docstring).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # Options the plugin sets itself; given again after `--` they would fight it.
 _OWNED = ("--hf-overrides", "--middleware", "--worker-extension-cls", "--model")
 
@@ -49,6 +59,7 @@ class VLLMLaunch:
         mapping_path: The mapping file (checked before vLLM starts).
         system_prompts: Per domain, the system message its chat requests get.
         vllm_args: vLLM's own options, passed as given.
+        cpu: Served by vLLM's CPU build (the thread-count variables are not passed on).
     """
 
     model_dir: str
@@ -61,6 +72,7 @@ class VLLMLaunch:
     mapping_path: str | None = None
     system_prompts: Mapping[str, str | None] = field(default_factory=dict)
     vllm_args: tuple[str, ...] = ()
+    cpu: bool = False
 
     def argv(self) -> list[str]:
         """vLLM's command line (after ``python -m vllm.entrypoints.openai.api_server``)."""
@@ -95,6 +107,13 @@ class VLLMLaunch:
         from tss_opt.runtime.vllm_plugin.middleware import SYSTEM_PROMPTS_ENV
 
         env = dict(os.environ if base is None else base)
+        if self.cpu:
+            dropped = {k: env.pop(k) for k in THREAD_VARIABLES if k in env}
+            if dropped:
+                log.info(
+                    "not passing %s to vLLM: its CPU worker binds its threads to cores itself "
+                    "(VLLM_CPU_OMP_THREADS_BIND sets which)", ", ".join(f"{k}={v}" for k, v in dropped.items()),
+                )
         env.update(llm_env(self.mapping_path, self.model_id))
         env[SYSTEM_PROMPTS_ENV] = json.dumps({d: p for d, p in self.system_prompts.items() if p})
         if self.api_key:
