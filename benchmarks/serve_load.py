@@ -2,8 +2,10 @@
 under 1, 4, 16 and 32 concurrent clients: same model, same requests, one server after the other,
 one run.
 
-    # The full run (every server, the mixed load and the one-domain load; about 40 minutes on 2 quiet cores, estimated):
+    # The full run (every server, the mixed load and the one-domain load; 24 minutes on 2 quiet cores):
     python benchmarks/serve_load.py --servers tssvllm vllm vllm-eager ours peer --clients 1 4 16 32 --one-domain mmlu --out docs/results/serve_load_vllm.txt
+    # The one-domain load with every answer 32 tokens long (sparse and dense answers differ in length):
+    python benchmarks/serve_load.py --servers tssvllm vllm-eager --domains mmlu --clients 1 4 16 32 --requests 1 --ignore-eos
     python benchmarks/serve_load.py         # ours against the peer at 1, 4 and 16 clients (about 10 min)
     python benchmarks/serve_load.py --clients 1 4 --requests 1 --max-tokens 8     # a smoke run
     python benchmarks/serve_load.py --servers tssvllm vllm-eager --clients 1 4 --requests 1 --max-tokens 8 --domains mmlu
@@ -79,6 +81,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -233,9 +236,12 @@ def make_load(domains: list[str], n: int, split: str, at_most: bool = False, fla
     return Load("mixed" if len(domains) > 1 else domains[0], tuple(domains), reqs)
 
 
-def send(client: Any, model: str, req: Request, max_tokens: int, labelled: bool) -> Outcome:
-    """One chat completion; any failure is an outcome (the benchmark counts errors)."""
-    extra = {"domain": req.domain} if labelled else None
+def send(
+    client: Any, model: str, req: Request, max_tokens: int, labelled: bool, body: Mapping[str, Any] | None = None
+) -> Outcome:
+    """One chat completion (``body``: more request fields); any failure is an outcome (the
+    benchmark counts errors)."""
+    extra = {**(body or {}), **({"domain": req.domain} if labelled else {})} or None
     t0 = time.perf_counter()
     try:
         r = client.chat.completions.create(
@@ -251,7 +257,10 @@ def send(client: Any, model: str, req: Request, max_tokens: int, labelled: bool)
     return Outcome(req.index, dt, tokens, r.choices[0].message.content or "", None, skip)
 
 
-def run_level(url: str, model: str, reqs: list[Request], clients: int, max_tokens: int, labelled: bool) -> tuple[float, list[Outcome]]:
+def run_level(
+    url: str, model: str, reqs: list[Request], clients: int, max_tokens: int, labelled: bool,
+    body: Mapping[str, Any] | None = None,
+) -> tuple[float, list[Outcome]]:
     """All ``reqs`` over ``clients`` threads (each its own ``openai`` client, no retries),
     started together; returns the wall time from the start to the last answer and the outcomes
     in request order."""
@@ -265,7 +274,7 @@ def run_level(url: str, model: str, reqs: list[Request], clients: int, max_token
         api = OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=3600)
         start.wait()
         for req in reqs[c::clients]:
-            out = send(api, model, req, max_tokens, labelled)
+            out = send(api, model, req, max_tokens, labelled, body)
             with lock:
                 results.append(out)
 
@@ -386,7 +395,8 @@ def counts_lines(server: str, load: str, c: dict[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------------- serving
 def serve_loads(
-    spec: _servers.ServerSpec, loads: list[Load], levels: list[int], max_tokens: int
+    spec: _servers.ServerSpec, loads: list[Load], levels: list[int], max_tokens: int,
+    body: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, list[Level]], list[str]]:
     """Start one server, warm it up, run every load's levels (1 client first), stop it.
     Returns the levels per load and, for tssvllm, its per-layer count lines."""
@@ -401,7 +411,7 @@ def serve_loads(
         labelled = spec.name in LABELLED
         t1 = time.perf_counter()
         warm = send(OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=3600), model,
-                    loads[0].requests[0], max_tokens, labelled)
+                    loads[0].requests[0], max_tokens, labelled, body)
         if warm.error:
             raise SystemExit(f"{spec.name}: the warm-up request failed: {warm.error} (log: {spec.log})")
         print(f"{spec.name}: ready in {ready:.1f} s, warm-up request {time.perf_counter() - t1:.1f} s, load average {loadavg()}", flush=True)
@@ -409,7 +419,7 @@ def serve_loads(
             before = _counts_or_none(spec, url)
             out[load.name] = []
             for clients in levels:
-                wall, outcomes = run_level(url, model, load.requests, clients, max_tokens, labelled)
+                wall, outcomes = run_level(url, model, load.requests, clients, max_tokens, labelled, body)
                 out[load.name].append(Level(spec.name, load.name, clients, wall, outcomes))
                 print(row(out[load.name][-1], solo_texts(out[load.name])), flush=True)
             if before is not None:
@@ -568,6 +578,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16], help="concurrency levels (1 always runs: the solo reference)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client at the largest level; every level sends requests x max(clients)")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every answer runs to --max-tokens (vLLM's ignore_eos; vLLM servers only): servers whose "
+                         "answers differ then generate the same tokens per request")
     ap.add_argument("--domains", default="summarization,qa,mmlu", help="prompts drawn in turn from these shipped domains")
     ap.add_argument("--split", default="heldout", choices=["calibration", "validation", "heldout"])
     ap.add_argument("--one-domain", default=None, metavar="DOMAIN",
@@ -597,6 +610,10 @@ def main() -> None:
         raise SystemExit(f"serve_load: {why} (or leave {', '.join(VLLM_SERVERS)} out of --servers)")
     if not Path(args.mapping).is_file():
         raise SystemExit(f"--mapping {args.mapping}: no such file; give a mapping YAML (docs/mapping.md)")
+    if args.ignore_eos and (others := [s for s in servers if s not in VLLM_SERVERS]):
+        raise SystemExit(f"--ignore-eos is a vLLM request field; {', '.join(others)} would not honour it: "
+                         f"leave them out of --servers (keep {', '.join(VLLM_SERVERS)})")
+    body = {"ignore_eos": True} if args.ignore_eos else None
     levels = sorted({1, *args.clients})
     domains = [d.strip() for d in args.domains.split(",") if d.strip()]
 
@@ -643,7 +660,8 @@ def main() -> None:
         ran = [s for s in servers if load is loads[0] or s in args.one_domain_servers]
         lines.append(
             f"{load.name} load: {len(load.requests)} chat requests ({counts}; {args.split} prompts) at every level, "
-            f"spread over {', '.join(map(str, levels))} clients; {args.max_tokens} new tokens, temperature 0; "
+            f"spread over {', '.join(map(str, levels))} clients; {args.max_tokens} new tokens"
+            f"{' (ignore_eos: every answer that long)' if args.ignore_eos else ''}, temperature 0; "
             f"servers {', '.join(ran)}"
         )
     lines.append(
@@ -672,7 +690,7 @@ def main() -> None:
         print(f"{commands[-1]}\n{HEADER}", flush=True)
         mine = [ld for ld in loads if ld is loads[0] or name in args.one_domain_servers]
         try:
-            got, counted = serve_loads(spec, mine, levels, args.max_tokens)
+            got, counted = serve_loads(spec, mine, levels, args.max_tokens, body)
         except (RuntimeError, SystemExit) as e:  # one server that cannot start must not lose the others
             failed.append(f"{name} did not run: {str(e).splitlines()[0] if str(e) else type(e).__name__} (log: {spec.log})")
             print(failed[-1], flush=True)
