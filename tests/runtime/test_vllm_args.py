@@ -117,3 +117,16 @@ def test_on_a_cpu_the_thread_counts_are_left_to_vllm(caplog):
     assert "OMP_NUM_THREADS=2" in caplog.text
     assert launch.env(base)["OMP_NUM_THREADS"] == "2"  # a GPU build: the environment as it is
     assert base["OMP_NUM_THREADS"] == "2"  # the caller's mapping is not changed
+
+
+def test_on_a_cpu_the_kv_cache_is_sized_unless_the_user_sizes_it():
+    from tss_opt.runtime.vllm_plugin.launch import VLLMLaunch
+
+    launch = VLLMLaunch(model_dir="m", served_model_name="m", model_id="m", dtype="float32", host="127.0.0.1",
+                        port=1, cpu=True)
+    # vLLM's CPU default reserves 92 % of memory and refuses to start beside other processes.
+    assert launch.env({})["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert launch.env({"VLLM_CPU_KVCACHE_SPACE": "12"})["VLLM_CPU_KVCACHE_SPACE"] == "12"
+    own = VLLMLaunch(**{**launch.__dict__, "vllm_args": ("--gpu-memory-utilization=0.5",)})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in own.env({})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in VLLMLaunch(**{**launch.__dict__, "cpu": False}).env({})
