@@ -28,7 +28,8 @@ from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 from tss_opt.evaluation.prompt_set import PromptSet
-from tss_opt.evaluation.replay import ReplayError, ReplayEvaluator, batched_greedy, replay_stats
+from tss_opt.decoding.greedy import BatchGreedy
+from tss_opt.evaluation.replay import ReplayError, ReplayEvaluator, replay_stats
 from tss_opt.models import ModelConfig, load_model
 
 MAX_NEW = 14
@@ -120,7 +121,7 @@ def test_batched_greedy_with_layer_zero_skipped_equals_single_prompt_runs(tiny64
     target = TargetModel(tiny64.model)
     _, replay = _pair(tiny64, qa, lambda: None, "all", n=3)
     prompts = replay.prompt_tokens
-    batch = batched_greedy(target, prompts, max_new_tokens=MAX_NEW, skip={0, 3}, scope="all")
+    (batch,) = BatchGreedy(target)(prompts, [frozenset({0, 3})], max_new_tokens=MAX_NEW, scope="all")
     for p, g in zip(prompts, batch, strict=True):
         res = SpeculativeEngine(target).generate(p, max_new_tokens=MAX_NEW, skip={0, 3}, scope="all")
         assert g.tokens == res.tokens.tolist()

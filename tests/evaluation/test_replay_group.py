@@ -5,7 +5,8 @@ Tiny random Llama in float64 (exact) and float32 (the default dtype; rows comput
 independently, so equal here too), skip sets that make every layer all-skip, no-skip and
 mixed across the group (layer 0 included: the empty-cache pitfall), both scopes, with and
 without the kept dense prefill, a replayable drafter (pld) and one with prefill feedback
-(EAGLE).
+(EAGLE). The generation is the batch engine at depth 0: each row equals its request decoded
+alone, and a row that skips a layer costs that layer nothing.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from omegaconf import OmegaConf
 from tss_opt.config import config_dir
 from tss_opt.decoding.drafters import EagleDrafter, PromptLookupDrafter, random_eagle_head
 from tss_opt.decoding.protocol import DecodeProtocol
-from tss_opt.decoding.skip import SkipError
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.greedy import BatchGreedy
+from tss_opt.decoding.prefill import dense_prefill
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.prompt_set import PromptSet
-from tss_opt.evaluation.replay import ReplayEvaluator, batched_greedy, grouped_greedy
+from tss_opt.evaluation.replay import ReplayEvaluator
 from tss_opt.models import ModelConfig, load_model
 
 MAX_NEW = 12
@@ -98,40 +101,45 @@ def test_group_without_kept_prefill_equals_with(tiny_dtype, qa):
     assert _rows(kept.evaluate(GROUP[2])) == _rows(a[2])
 
 
-def test_grouped_greedy_rows_equal_batched_greedy(qa):
+@pytest.mark.parametrize("scope", ["verify", "all"])
+def test_grouped_generation_rows_equal_each_request_alone(qa, scope):
     tiny64 = load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="float64"))
     target = TargetModel(tiny64.model)
-    ev = _evaluator(tiny64, qa, lambda: None, "all", n=3)
-    prompts = ev.prompt_tokens
-    groups = grouped_greedy(target, prompts, GROUP, max_new_tokens=MAX_NEW, scope="all", keep_hidden=True)
+    prompts = _evaluator(tiny64, qa, lambda: None, scope, n=3).prompt_tokens
+    prefills = [dense_prefill(target, p) for p in prompts] if scope == "verify" else None
+    source = BatchGreedy(target)
+    groups = source(prompts, GROUP, max_new_tokens=MAX_NEW, scope=scope, keep_hidden=True, prefills=prefills)
     for s, gens in zip(GROUP, groups, strict=True):
-        alone = batched_greedy(target, prompts, max_new_tokens=MAX_NEW, skip=s, scope="all", keep_hidden=True)
-        assert [g.tokens for g in gens] == [g.tokens for g in alone]
-        for g, a in zip(gens, alone, strict=True):
+        (alone,) = source(prompts, [s], max_new_tokens=MAX_NEW, scope=scope, keep_hidden=True)
+        for p, g, a in zip(prompts, gens, alone, strict=True):
+            want = SpeculativeEngine(target).generate(p, max_new_tokens=MAX_NEW, skip=s, scope=scope)
+            assert g.tokens == a.tokens == want.tokens.tolist(), sorted(s)
+            assert g.features.shape == (int(p.numel()) + len(g.tokens) - 1, tiny64.model.config.hidden_size)
             torch.testing.assert_close(g.features, a.features, rtol=0, atol=1e-12)
             torch.testing.assert_close(g.prefill_logits, a.prefill_logits, rtol=0, atol=1e-12)
 
 
-def test_apply_rows_counts_forwards_and_restores(qa):
+def test_a_row_that_skips_a_layer_costs_that_layer_nothing(qa):
+    """One model runner for the server and the replay: a grouped generation runs layer ``l``
+    only on the tokens of the rows whose skip set does not hold ``l`` (the masked batch it
+    replaces ran every mixed layer on every row)."""
     tiny64 = load_model(ModelConfig(name="tiny", source="tiny", num_layers=4, dtype="float64"))
     target = TargetModel(tiny64.model)
-    ctrl = target.skipper
-    x = torch.zeros(2, 3, dtype=torch.long)
-    before = ctrl.executed_layers
-    with target.skip_rows([{0, 1}, {1, 2}]):  # layer 1: all skip; 0, 2: mixed; 3: none
-        assert ctrl.active == frozenset({1})
-        assert ctrl.active_rows == (frozenset({0, 1}), frozenset({1, 2}))
-        target.decoder(input_ids=x)
-        assert ctrl.executed_layers - before == 3  # one batched forward per layer that any row runs
-        with target.skip({3}):  # nesting: the inner set is in force for all rows
-            assert ctrl.active == frozenset({3}) and ctrl.active_rows is None
-        with pytest.raises(SkipError, match="batch size 1"):
-            target.decoder(input_ids=x[:1])
-    assert ctrl.active == frozenset() and ctrl.active_rows is None
-    assert all("forward" not in layer.__dict__ for layer in ctrl.layers)
-    with pytest.raises(SkipError, match="no rows"):
-        with target.skip_rows([]):
-            pass
-    with pytest.raises(SkipError, match="out of range"):
-        with target.skip_rows([{9}]):
-            pass
+    prompts = _evaluator(tiny64, qa, lambda: None, "verify", n=2).prompt_tokens
+    prefills = [dense_prefill(target, p) for p in prompts]
+    seen: dict[int, list[int]] = {i: [] for i in range(target.num_layers)}
+    hooks = [
+        layer.mlp.register_forward_hook(lambda m, args, out, i=i: seen[i].append(int(args[0].shape[1])))
+        for i, layer in enumerate(target.skipper.layers)
+    ]
+    try:
+        BatchGreedy(target)(prompts, GROUP, max_new_tokens=MAX_NEW, prefills=prefills)
+    finally:
+        for h in hooks:
+            h.remove()
+    rows = len(GROUP) * len(prompts)
+    for layer, sizes in seen.items():
+        running = sum(layer not in s for s in GROUP) * len(prompts)
+        # every step while all rows decode runs the layer on one token per running row
+        assert sizes[0] == running < rows, (layer, sizes[:3])
+        assert max(sizes) == running

@@ -35,6 +35,7 @@ import torch
 from tss_opt.decoding.batch_budget import DepthPolicy, RowOdds
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.engine import GenerationResult, SpeculativeEngine, _Request, checked_request
+from tss_opt.decoding.prefill import DensePrefill
 from tss_opt.decoding.ragged import RaggedRow, ragged_forward
 from tss_opt.decoding.skip import validate_skip
 from tss_opt.decoding.stats import DecodeStats
@@ -61,6 +62,10 @@ class Row:
         state: the request's decoding state (``None`` until its prefill ran).
         tag: the caller's handle (the server's job); never read here.
         proposed_steps: steps in which the drafter proposed anything (the proposal rate).
+        features: when recorded (``admit(record_features=True)``), the target's final hidden
+            states of the tokens fed so far, one tensor per forward: ``(P, hidden)`` for the
+            prompt, then ``(1 + accepted, hidden)`` per step (the root and the accepted path).
+        prefill_logits: when recorded, ``(1, vocab)``: the logits at the last prompt position.
     """
 
     engine: SpeculativeEngine
@@ -74,6 +79,8 @@ class Row:
     tag: object = None
     proposed_steps: int = 0
     admitted_at: float = field(default_factory=time.perf_counter)
+    features: list[torch.Tensor] | None = None
+    prefill_logits: torch.Tensor | None = None
 
     @property
     def started(self) -> bool:
@@ -167,6 +174,8 @@ class BatchEngine:
         eos_token_ids: Iterable[int] = (),
         verification: Verifier | str = "exact",
         tag: object = None,
+        prefill: DensePrefill | None = None,
+        record_features: bool = False,
     ) -> Row:
         """Add a request; its prefill runs in the next :meth:`step`, with the other rows.
 
@@ -176,6 +185,10 @@ class BatchEngine:
             skip: the layers this request bypasses, for all its steps.
             verification: the acceptance rule; a lossy rule keeps per-request state, so each
                 row gets its own copy.
+            prefill: this prompt's dense prefill computed earlier (``scope="verify"`` only):
+                the row starts from a copy of it now and runs no prompt forward.
+            record_features: keep the target's hidden states of every token fed back and the
+                prefill's logits on the row (:attr:`Row.features`; the replay's EAGLE input).
 
         Raises:
             ValueError: an empty prompt, ``max_new_tokens`` < 1 or an unknown scope.
@@ -189,10 +202,22 @@ class BatchEngine:
         row = Row(
             engine=engine, prompt=prompt, max_new_tokens=max_new_tokens,
             skip=validate_skip(skip, self.target.num_layers), scope=scope, temperature=float(temperature),
-            seed=seed, tag=tag,
+            seed=seed, tag=tag, features=[] if record_features else None,
         )
+        if prefill is not None:  # restored now: the row's first step is already a verification
+            row.state = engine.prefill(prompt, max_new_tokens, row.skip, scope, row.temperature, seed, reused=prefill)
+            self._record(row, prefill.hidden, prefill.logits)
         self.rows.append(row)
         return row
+
+    @staticmethod
+    def _record(row: Row, hidden: torch.Tensor, prefill_logits: torch.Tensor | None = None) -> None:
+        """Keep ``hidden`` (``(n, hidden)``) on a row that records its features."""
+        if row.features is None:
+            return
+        row.features.append(hidden)
+        if prefill_logits is not None:
+            row.prefill_logits = prefill_logits
 
     def drop(self, row: Row) -> None:
         """Take ``row`` out of the batch (finished, cancelled, stopped); a no-op if gone."""
@@ -249,9 +274,11 @@ class BatchEngine:
             if tree is None:  # the prefill: its first token
                 row.engine.first_token(s, inp.cache, o.logits, o.hidden)
                 s.stats.prefill_layer_forwards = o.executed
+                self._record(row, o.hidden.clone(), o.logits.clone())
             else:
                 accepted, committed = row.engine.accept(s, tree, o.logits)
                 row.engine.commit(s, tree, accepted, committed, o.logits, o.hidden)
+                self._record(row, o.hidden[[0, *(a + 1 for a in accepted)]])  # the fed tokens' rows
                 s.stats.verify_layer_forwards += o.executed
                 s.stats.verify_s += forward_s
                 s.stats.draft_s += d_s + (time.perf_counter() - t)

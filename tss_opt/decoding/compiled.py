@@ -18,9 +18,9 @@ recompiles. Shapes repeat so the graphs are reused:
   cached length); the additive 4-D mask hides the unwritten slots of the window.
 
 The prefill and trees larger than the largest bucket run eagerly (the parent's forward).
-The batch engine (``decoding/batch.py``, ``ragged.py``) and the replay evaluator call the
-model themselves and stay eager on a compiled target; :meth:`CompiledTarget.verify_forward`
-refuses per-row skip sets (``apply_rows``, ``apply_ragged``) rather than mixing them up.
+The batch engine (``decoding/batch.py``, ``ragged.py``; the replay evaluator generates with it)
+calls the model itself and stays eager on a compiled target; :meth:`CompiledTarget.verify_forward`
+refuses per-row skip sets (``apply_ragged``) rather than mixing them up.
 """
 
 from __future__ import annotations

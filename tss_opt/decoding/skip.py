@@ -7,18 +7,10 @@ restructured: the layer list and every ``layer_idx`` stay as they are (a shorter
 renumbered indices reads other layers' keys/values, FACTS.md). Outside ``apply`` the layers
 are untouched, also after an exception.
 
-:meth:`SkipController.apply_rows` gives every batch row its own skip set (grouped trials of
-the replay evaluator): a layer that every row skips is bypassed, one that no row skips runs densely, and
-a layer that some rows skip runs on the whole batch and the skipping rows keep their input
-(``torch.where``). Which of the three a layer is stays fixed inside the context, so each
-layer's KV cache grows consistently; the entries a skipping row writes at a mixed layer are
-never read into that row's output (its output at that layer is its input), so every row gets
-exactly what :meth:`SkipController.apply` with its own set gives.
-
-:meth:`SkipController.apply_ragged` serves many requests in one forward (the server's
-continuous batching): the rows' tokens are flattened into one sequence
-(``[1, T, hidden]``, each row with a cache of its own) and a layer runs on the tokens of the
-rows that do not skip it only (gathered, run, scattered back), so a skipped layer saves that
+:meth:`SkipController.apply_ragged` gives every row of a batch its own skip set (the batch
+engine: the server's continuous batching and the replay evaluator's generations). The rows'
+tokens are flattened into one sequence (``[1, T, hidden]``, each row with a cache of its own)
+and a layer runs on the tokens of the rows that do not skip it only (gathered, run, scattered back), so a skipped layer saves that
 row's compute, as multi-LoRA servers gather the rows of each adapter. The rows running the
 current layer are published on the plan (:attr:`RaggedPlan.active`) for the attention and the
 per-row caches (``decoding/ragged.py``), and each row's executed layers are counted.
@@ -70,9 +62,9 @@ class SkipController:
                 "set model.layers_path in the model's config"
             ) from e
         self.num_layers = len(self.layers)
-        # Each entry: a skip set for every row, per-row skip sets (apply_rows), or a ragged
-        # batch of rows with their own caches (apply_ragged).
-        self._stack: list[frozenset[int] | _Rows | RaggedPlan] = []
+        # Each entry: a skip set for every row, or a ragged batch of rows with their own
+        # skip sets and caches (apply_ragged).
+        self._stack: list[frozenset[int] | RaggedPlan] = []
         self.executed_layers = 0  # layer-forwards actually run while a context is active
 
     @classmethod
@@ -86,7 +78,7 @@ class SkipController:
 
     @property
     def active(self) -> frozenset[int]:
-        """The skip set in force now (empty outside any context); under :meth:`apply_rows`,
+        """The skip set in force now (empty outside any context); under :meth:`apply_ragged`,
         the layers that every row skips."""
         if not self._stack:
             return frozenset()
@@ -103,15 +95,9 @@ class SkipController:
             yield plan
 
     @property
-    def active_rows(self) -> tuple[frozenset[int], ...] | None:
-        """The per-row skip sets in force (:meth:`apply_rows`), or ``None`` for one set."""
-        top = self._stack[-1] if self._stack else None
-        return top.rows if isinstance(top, _Rows) else None
-
-    @property
     def batched(self) -> bool:
-        """Whether per-row (:meth:`apply_rows`) or ragged (:meth:`apply_ragged`) skip sets are
-        in force rather than one set for the whole forward."""
+        """Whether per-row skip sets (:meth:`apply_ragged`) are in force rather than one set
+        for the whole forward."""
         return bool(self._stack) and not isinstance(self._stack[-1], frozenset)
 
     @contextmanager
@@ -122,27 +108,7 @@ class SkipController:
             yield s
 
     @contextmanager
-    def apply_rows(self, row_skips: Sequence[Iterable[int]]) -> Iterator[tuple[frozenset[int], ...]]:
-        """Run the body with batch row ``r`` bypassing ``row_skips[r]`` (module docstring).
-
-        Every forward inside must have ``len(row_skips)`` batch rows. Contexts nest with
-        :meth:`apply` as usual: the innermost is in force.
-
-        Raises:
-            SkipError: an empty ``row_skips`` or a layer index out of range.
-        """
-        rows = tuple(validate_skip(s, self.num_layers) for s in row_skips)
-        if not rows:
-            raise SkipError("apply_rows got no rows; pass one skip set per batch row")
-        if len(set(rows)) == 1:
-            with self._pushed(rows[0]):  # one set for all rows: plain skipping, no masks
-                yield rows
-            return
-        with self._pushed(_Rows(rows, self.num_layers)):
-            yield rows
-
-    @contextmanager
-    def _pushed(self, entry: frozenset[int] | _Rows | RaggedPlan) -> Iterator[None]:
+    def _pushed(self, entry: frozenset[int] | RaggedPlan) -> Iterator[None]:
         if not self._stack:
             self._install()
         self._stack.append(entry)
@@ -171,18 +137,7 @@ class SkipController:
                     return hidden_states  # bypass: the block's input flows on unchanged
                 self.executed_layers += 1
                 return dense_forward(hidden_states, *args, **kwargs)
-            if isinstance(top, RaggedPlan):
-                return self._ragged_forward(top, idx, dense_forward, hidden_states, args, kwargs)
-            n_skip = top.skipping[idx]
-            if n_skip == len(top.rows):
-                return hidden_states  # every row bypasses: no forward, no cache write
-            self.executed_layers += 1  # one forward of the whole batch
-            out = dense_forward(hidden_states, *args, **kwargs)
-            if n_skip == 0:
-                return out
-            # Mixed: the block runs on all rows (its cache grows for all); a skipping row
-            # keeps its input, so what the block computed for it never reaches its output.
-            return torch.where(top.mask(idx, hidden_states), hidden_states, out)
+            return self._ragged_forward(top, idx, dense_forward, hidden_states, args, kwargs)
 
         return forward
 
@@ -279,31 +234,3 @@ class RaggedPlan:
                 cached["position_ids"] = pos.index_select(1, index)
             self._sliced[running] = cached
         return {**kwargs, **cached}
-
-
-class _Rows:
-    """Per-row skip sets of one :meth:`SkipController.apply_rows` context.
-
-    Attributes:
-        rows: one skip set per batch row.
-        skipping: per layer, how many rows skip it (all / none / some decides the path).
-    """
-
-    def __init__(self, rows: tuple[frozenset[int], ...], num_layers: int) -> None:
-        self.rows = rows
-        self.skipping = [sum(i in r for r in rows) for i in range(num_layers)]
-        self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-    def mask(self, idx: int, hidden: torch.Tensor) -> torch.Tensor:
-        """The bool ``(rows, 1, 1)`` mask of the rows that skip layer ``idx`` (built once)."""
-        if hidden.shape[0] != len(self.rows):
-            raise SkipError(
-                f"apply_rows was given {len(self.rows)} row skip sets but the forward has batch size "
-                f"{hidden.shape[0]}; pass one skip set per batch row"
-            )
-        key = (idx, hidden.device)
-        m = self._masks.get(key)
-        if m is None:
-            m = torch.tensor([idx in r for r in self.rows], dtype=torch.bool).to(hidden.device)[:, None, None]
-            self._masks[key] = m
-        return m

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -63,10 +63,6 @@ class TargetModel:
     def skip(self, layers: Iterable[int]) -> AbstractContextManager[frozenset[int]]:
         """Context manager: bypass ``layers`` (the project's one skip mechanism)."""
         return self.skipper.apply(layers)
-
-    def skip_rows(self, row_skips: Sequence[Iterable[int]]) -> AbstractContextManager[tuple[frozenset[int], ...]]:
-        """Context manager: batch row ``r`` bypasses ``row_skips[r]`` (grouped trials)."""
-        return self.skipper.apply_rows(row_skips)
 
     def new_cache(self, capacity: int | None = None) -> SkipAwareCache:
         """An empty KV cache; ``capacity`` (positions): layers append in place into buffers

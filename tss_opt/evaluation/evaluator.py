@@ -211,7 +211,7 @@ class PromptSetEvaluator(ABC):
         self.metric_name = prompts.metric.name
         self.metric_higher_is_better = prompts.metric.higher_is_better
         self.prefill_store_gib = prefill_store_gib
-        # Kept dense prefills under a byte budget (decoding/prefill.py); the subclass's keys.
+        # Kept dense prefills under a byte budget (decoding/prefill.py), by prompt index.
         self._prefills: PrefillStore[Any, Any] = PrefillStore.from_gib(prefill_store_gib)
         # Tokenise once: every trial runs the same prompts.
         self.prompt_tokens: list[torch.Tensor] = [
@@ -269,6 +269,13 @@ class PromptSetEvaluator(ABC):
     ) -> EvalResult:
         """Measure one skip set on every prompt, or on the prompts ``prompt_ids`` in that order."""
 
+    def _prefill(self, i: int) -> DensePrefill | None:
+        """Prompt ``i``'s kept dense prefill, computed on first use (``reuse_prefill`` in
+        ``verify`` scope; else ``None``: the request prefills itself)."""
+        if not self.reuse_prefill or self.scope != "verify":
+            return None
+        return self._prefills.get(i, lambda: dense_prefill(self.target, self.prompt_tokens[i]))
+
     def _check_prompt_ids(self, prompt_ids: Iterable[int] | None) -> list[int]:
         return check_prompt_ids(prompt_ids, self.num_prompts)
 
@@ -321,7 +328,6 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
         super().__init__(
             target, tokenizer, drafter_factory, prompts, show_progress=show_progress, prefill_store_gib=prefill_store_gib
         )
-        # self._prefills (base class): prompt index -> its dense prefill
         # (skip, next index, drafter) of the last call whose prompts were 0, 1, ..., k - 1:
         # a call for the same skip set starting at k continues with that drafter, so chunked
         # evaluation equals one full call even for drafters that learn across prompts.
@@ -384,12 +390,6 @@ class SpecDecodeEvaluator(PromptSetEvaluator):
             return self.drafter_factory()
         self._chain = (skip, order[-1] + 1, drafter)
         return drafter
-
-    def _prefill(self, i: int) -> DensePrefill | None:
-        """Prompt ``i``'s dense prefill, computed on first use (``verify`` scope only)."""
-        if not self.reuse_prefill or self.scope != "verify":
-            return None
-        return self._prefills.get(i, lambda: dense_prefill(self.target, self.prompt_tokens[i]))
 
 
 def aggregate(

@@ -4,18 +4,17 @@ With greedy verification, speculative decoding outputs exactly the (sparse) targ
 continuation, and a drafter whose proposals depend only on the context (prompt lookup, SAM
 decoding, a draft model, self-drafting) or on the target's features of committed tokens
 (EAGLE) proposes the same trees whatever ran the target. So a trial needs only the sparse
-target's greedy outputs, computed for many prompts at once (:func:`batched_greedy`: left
-padding, explicit positions and additive 4-D masks), and a replay of the drafter over each
-output (:func:`replay_stats`) that walks every proposed tree along the output, exactly as
-:func:`~tss_opt.decoding.verify.accept.accept_greedy` walks it along the target's
-argmax. The per-prompt accepted length, tokens and metric equal the engine's in float64 and,
-as measured, in float32 (tests/evaluation/test_replay.py; docs/results/replay_benchmark.txt:
-8/8 prompts). In half precision batching breaks near-ties often, not rarely: bfloat16 on the
-CPU, embedded model, 16 qa prompts x 32 tokens, batch 8, dense: 10/16 prompts' outputs and
-12/16 accepted lengths equal the engine's (docs/results/replay_bf16_cpu.txt; ``python benchmarks/replay.py --domain qa
---prompts 16 --max-new-tokens 32 --dtypes bfloat16 --batch-sizes 8 --repeats 1``). Use float32
-(or the engine) where per-prompt equality matters; GPU half precision is not measured yet
-(benchmarks/gpu_check.sh).
+target's greedy outputs, computed for many prompts (and skip sets) at once by a
+:class:`~tss_opt.decoding.greedy.GreedySource` (by default the batch engine at depth 0:
+the model runner the server uses, each row's skipped layers saving its compute), and a replay
+of the drafter over each output (:func:`replay_stats`) that walks every proposed tree along
+the output, exactly as :func:`~tss_opt.decoding.verify.accept.accept_greedy` walks it along
+the target's argmax. Each row of the generation is the computation of its request decoded
+alone (its own cache, its own attention; only the linear layers see the other rows' tokens),
+so the per-prompt accepted length, tokens and metric equal the engine evaluator's, in float64
+and in float32 (tests/evaluation/test_replay.py, the embedded model included). Half precision
+rounds differently with the rows' count in the linear layers, so a near-tie can break
+differently there (docs/evaluator.md); ``evaluator=auto`` uses the replay in float32/float64.
 
 :class:`ReplayEvaluator` follows the evaluator contract of
 :class:`~tss_opt.evaluation.evaluator.SpecDecodeEvaluator` (``per_prompt``, ``num_prompts``,
@@ -27,22 +26,21 @@ from the target's logits at rejected tree nodes, which the replay never computes
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from tss_opt.decoding.budget import draft_depth_limit, prune_depth
-from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.drafter import Drafter, NoDrafter, VerifyFeedback
 from tss_opt.decoding.engine import SCOPES
+from tss_opt.decoding.greedy import BatchGreedy, GreedySource
+from tss_opt.decoding.prefill import DensePrefill, dense_prefill
 from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.stats import DecodeStats
-from tss_opt.decoding.target import TargetModel, additive_mask
+from tss_opt.decoding.target import TargetModel
 from tss_opt.errors import TSSError
 from tss_opt.evaluation.evaluator import EvalResult, PromptSetEvaluator
 from tss_opt.evaluation.prompt_set import PromptSet
@@ -52,14 +50,11 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
-    "Generation",
     "ReplayError",
     "ReplayEvaluator",
-    "batched_greedy",
     "check_replay_protocol",
     "check_replayable",
     "default_batch_size",
-    "grouped_greedy",
     "replay_stats",
 ]
 
@@ -97,195 +92,6 @@ def check_replayable(drafter: Drafter | None) -> None:
         "capabilities = DrafterCapabilities(replayable=True, ...) on the class if its proposals depend only "
         "on the context and target features"
     )
-
-
-# ----------------------------------------------------------------------------- batched greedy
-@dataclass
-class Generation:
-    """One prompt's greedy output from :func:`batched_greedy`.
-
-    Attributes:
-        tokens: generated token ids (the prefill's first token included), truncated after
-            the first stop token.
-        prefill_logits: ``(1, vocab)``: the target's logits at the last prompt position.
-        features: ``(P + len(tokens) - 1, hidden)``: the decoder's final hidden states at the
-            prompt and at every generated token that was fed back (all but the last), or
-            ``None`` when not asked for.
-    """
-
-    tokens: list[int]
-    prefill_logits: torch.Tensor
-    features: torch.Tensor | None
-
-
-@dataclass
-class _Prefill:
-    """A batch's prefill state: the cache after the padded prompts, last logits, hidden."""
-
-    cache: SkipAwareCache
-    logits: torch.Tensor  # [B, V]
-    hidden: torch.Tensor | None  # [B, Pmax, H]
-
-
-@torch.inference_mode()
-def _prefill(target: TargetModel, prompts: Sequence[torch.Tensor], keep_hidden: bool) -> _Prefill:
-    """Left-padded batched prefill (under whatever skip context the caller set)."""
-    dev = target.device
-    lens = torch.tensor([int(p.numel()) for p in prompts])
-    B, P = len(prompts), int(lens.max())
-    pad = P - lens  # [B]
-    ids = torch.zeros(B, P, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, int(pad[b]) :] = p
-    ar = torch.arange(P)
-    pos = (ar[None, :] - pad[:, None]).clamp_min(0)  # [B, P]; pad slots get position 0
-    real = ar[None, :] >= pad[:, None]  # [B, P]
-    causal = ar[None, :] <= ar[:, None]  # [q, kv]
-    allowed = causal[None] & real[:, None, :]  # [B, q, kv]
-    allowed |= torch.eye(P, dtype=torch.bool)[None]  # a pad query sees itself: no empty row
-    cache = target.new_cache()
-    out = target.decoder(
-        input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=additive_mask(allowed.to(dev), target.dtype)[:, None],
-        **with_cache(cache), use_cache=True,
-    )
-    hidden = out.last_hidden_state  # [B, P, H]
-    logits = target.lm_head(hidden[:, -1])  # [B, V]: left padding puts every prompt's end last
-    return _Prefill(cache=cache, logits=logits, hidden=hidden if keep_hidden else None)
-
-
-@torch.inference_mode()
-def batched_greedy(
-    target: TargetModel,
-    prompts: Sequence[torch.Tensor],
-    *,
-    max_new_tokens: int,
-    skip: Iterable[int] = (),
-    scope: str = "verify",
-    eos_token_ids: Iterable[int] = (),
-    keep_hidden: bool = False,
-    prefill: Callable[[], Any] | None = None,
-) -> list[Generation]:
-    """The sparse target's greedy continuations of ``prompts``, as one batch.
-
-    Args:
-        prompts: ``torch.LongTensor`` of shape ``(P_b,)`` each.
-        skip: target layers bypassed in decoding (and in the prefill under ``scope="all"``).
-        scope: ``"verify"``: dense prefill, sparse decoding (the engine's verify scope);
-            ``"all"``: sparse throughout.
-        keep_hidden: return each prompt's features (for EAGLE).
-        prefill: returns a dense prefill state to start from (a private copy; ``verify`` only).
-
-    Every row decodes until all rows hit a stop token or ``max_new_tokens`` tokens exist;
-    positions are explicit and masks are additive 4-D tensors sized by the caller, so skipped
-    layers with shorter (or empty, layer 0) caches cannot corrupt them (FACTS.md).
-    """
-    return grouped_greedy(
-        target, prompts, [skip], max_new_tokens=max_new_tokens, scope=scope, eos_token_ids=eos_token_ids,
-        keep_hidden=keep_hidden, prefill=prefill,
-    )[0]
-
-
-def _tile(state: _Prefill, group: int) -> _Prefill:
-    """``state`` (batch ``B``) repeated ``group`` times along the batch: row ``g * B + b`` is
-    prompt ``b``. The cache is new (the repeat copies); ``group == 1`` returns ``state``."""
-    if group == 1:
-        return state
-    cache = copy.copy(state.cache)
-    cache.layers = [copy.copy(layer) for layer in state.cache.layers]
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            layer.keys = layer.keys.repeat(group, 1, 1, 1)  # [G*B, H_kv, P, D]
-            layer.values = layer.values.repeat(group, 1, 1, 1)
-    hidden = None if state.hidden is None else state.hidden.repeat(group, 1, 1)
-    return _Prefill(cache=cache, logits=state.logits.repeat(group, 1), hidden=hidden)
-
-
-@torch.inference_mode()
-def grouped_greedy(
-    target: TargetModel,
-    prompts: Sequence[torch.Tensor],
-    skips: Sequence[Iterable[int]],
-    *,
-    max_new_tokens: int,
-    scope: str = "verify",
-    eos_token_ids: Iterable[int] = (),
-    keep_hidden: bool = False,
-    prefill: Callable[[], Any] | None = None,
-) -> list[list[Generation]]:
-    """:func:`batched_greedy` for a group of skip sets at once: one batch of
-    ``len(skips) * len(prompts)`` rows (a grouped trial: one forward per step serves every set).
-
-    Row ``g * B + b`` decodes prompt ``b`` under ``skips[g]``
-    (:meth:`~tss_opt.decoding.skip.SkipController.apply_rows`). In ``verify`` scope the dense
-    prefill of the ``B`` prompts is computed once (or taken from ``prefill``) and repeated
-    for every skip set; under ``"all"`` each row is prefilled with its own set.
-
-    Returns:
-        ``result[g][b]``: prompt ``b``'s generation under ``skips[g]``; equal to
-        ``batched_greedy(..., skip=skips[g])[b]`` (every row computes as it would alone).
-    """
-    groups = [frozenset(int(i) for i in s) for s in skips]
-    if not groups:
-        raise ReplayError("grouped_greedy got no skip sets; pass at least one")
-    G = len(groups)
-    eos = frozenset(int(t) for t in eos_token_ids)
-    dev = target.device
-    lens1 = torch.tensor([int(p.numel()) for p in prompts])
-    B, P = len(prompts), int(lens1.max())
-    for n in lens1.tolist():
-        target.check_fits(n, max_new_tokens)
-    lens = lens1.repeat(G)  # [G*B]
-    pad = P - lens
-    rows = [s for s in groups for _ in range(B)]  # row g * B + b skips groups[g]
-    if scope == "all":
-        with target.skip_rows(rows):
-            state = _prefill(target, list(prompts) * G, keep_hidden)
-    else:
-        if prefill is not None:
-            dense = prefill()
-        else:
-            with target.skip(()):
-                dense = _prefill(target, prompts, keep_hidden)
-        state = _tile(dense, G)
-    cache = state.cache
-    R = G * B
-    tok = state.logits.argmax(-1)  # [R]
-    out = torch.empty(R, max_new_tokens, dtype=torch.long)
-    out[:, 0] = tok.cpu()
-    done = torch.tensor([int(t) in eos for t in out[:, 0].tolist()])
-    feats: list[torch.Tensor] = []  # per step [R, H]
-    real = (torch.arange(P)[None, :] >= pad[:, None]).to(dev)  # [R, P]
-    n = 1
-    with target.skip_rows(rows):
-        while n < max_new_tokens and not bool(done.all()):
-            kv = P + n
-            allowed = torch.ones(R, 1, kv, dtype=torch.bool, device=dev)
-            allowed[:, 0, :P] = real
-            pos = (lens + n - 1).unsqueeze(1).to(dev)  # [R, 1]: the fed token's position
-            o = target.decoder(
-                input_ids=tok.unsqueeze(1), position_ids=pos, attention_mask=additive_mask(allowed, target.dtype)[:, None],
-                **with_cache(cache), use_cache=True,
-            )
-            h = o.last_hidden_state[:, -1]  # [R, H]
-            if keep_hidden:
-                feats.append(h)
-            tok = target.lm_head(h).argmax(-1)
-            out[:, n] = tok.cpu()
-            done |= torch.tensor([int(t) in eos for t in out[:, n].tolist()])
-            n += 1
-    gens = []
-    for r in range(R):
-        toks = out[r, :n].tolist()
-        stop = next((i for i, t in enumerate(toks) if t in eos), None)
-        if stop is not None:
-            toks = toks[: stop + 1]
-        features = None
-        if keep_hidden:
-            assert state.hidden is not None
-            hrows = [state.hidden[r, int(pad[r]) :]] + [f[r : r + 1] for f in feats[: len(toks) - 1]]
-            features = torch.cat(hrows, dim=0)
-        gens.append(Generation(tokens=toks, prefill_logits=state.logits[r : r + 1], features=features))
-    return [gens[g * B : (g + 1) * B] for g in range(G)]
 
 
 # ----------------------------------------------------------------------------- replay
@@ -428,12 +234,14 @@ class ReplayEvaluator(PromptSetEvaluator):
     ``prompt_ids=``), plus ``batch_size``. Of the prompt set's protocol, ``cost`` must be ``"analytic"``
     (no real decoding is timed), ``temperature`` 0 (the replay of speculative sampling is not
     exact) and ``verification`` exact; ``reuse_prefill`` in ``verify`` scope keeps each
-    batch's dense prefill (one KV cache per batch of prompt indices) and starts every trial
-    from a copy.
+    prompt's dense prefill (the engine evaluator's store, one KV cache per prompt) and starts
+    every row from a copy.
 
     Args:
-        batch_size: prompts per batched forward; ``None`` = :data:`DEFAULT_BATCH_SIZE` for the
-            target's device type.
+        batch_size: prompts per generation (each a row per skip set of a group); ``None`` =
+            :data:`DEFAULT_BATCH_SIZE` for the target's device type.
+        source: what generates the greedy outputs (:class:`~tss_opt.decoding.greedy.GreedySource`);
+            ``None`` = the batch engine on ``target`` (:class:`~tss_opt.decoding.greedy.BatchGreedy`).
 
     Per prompt, ``tokens_per_s`` is the prompt's tokens over its share of the batch's wall
     time: a throughput of the replay, not of speculative decoding. Its results say so
@@ -451,6 +259,7 @@ class ReplayEvaluator(PromptSetEvaluator):
         show_progress: bool = True,
         prefill_store_gib: float | None = None,
         batch_size: int | None = None,
+        source: GreedySource | None = None,
     ) -> None:
         protocol = prompts.protocol
         check_replay_protocol(protocol)
@@ -464,10 +273,11 @@ class ReplayEvaluator(PromptSetEvaluator):
             show_progress=show_progress, prefill_store_gib=prefill_store_gib,
         )
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(target.device)
-        # self._prefills (base class, byte-bounded): (batch, keep_hidden) -> its _Prefill
+        self.source = source
+        self._generate: GreedySource = source if source is not None else BatchGreedy(target)
 
     def _options(self) -> dict[str, Any]:
-        return {**super()._options(), "batch_size": self.batch_size}
+        return {**super()._options(), "batch_size": self.batch_size, "source": self.source}
 
     kind: ClassVar[str] = "replay"
     """Results say ``evaluator: replay`` and carry ``replay_tokens_per_s``, never ``tokens_per_s``."""
@@ -480,8 +290,8 @@ class ReplayEvaluator(PromptSetEvaluator):
     ) -> EvalResult:
         """Measure one skip set on every prompt, or on ``prompt_ids`` in that order.
 
-        Prompts are batched in the given order, ``batch_size`` at a time; a prompt's figures
-        do not depend on its batch (up to floating-point near-ties).
+        Prompts are generated in the given order, ``batch_size`` at a time; a prompt's
+        figures do not depend on its batch (each row computes as its request alone).
         """
         return self.evaluate_group([skip], prompt_ids)[0]
 
@@ -497,15 +307,14 @@ class ReplayEvaluator(PromptSetEvaluator):
     ) -> list[EvalResult]:
         """Measure several skip sets on the same prompts, generated together (grouped trials).
 
-        Each batch of ``batch_size`` prompts runs as one forward of ``len(skips) x batch``
-        rows, every row with its own skip set (:func:`grouped_greedy`); the dense prefill
-        (``verify`` scope) is computed, or taken from the kept prefills, once per batch.
+        Each batch of ``batch_size`` prompts is one generation of ``len(skips) x batch`` rows,
+        every row on its own skip set; in ``verify`` scope each prompt's dense prefill is
+        computed (or taken from the kept prefills) once and every row of it starts from a copy.
 
         Returns:
             One result per skip set, in order; per prompt equal to :meth:`evaluate` of that
-            set alone (float64 exactly; float32 up to near-ties, as batching itself). A
-            prompt's ``tokens_per_s`` is its tokens over its share of the batch's wall time
-            (the batch's time divided by its rows, all skip sets included).
+            set alone. A prompt's ``tokens_per_s`` is its tokens over its share of the batch's
+            wall time (the batch's time divided by its rows, all skip sets included).
         """
         from tss_opt.decoding.skip import validate_skip
 
@@ -525,10 +334,9 @@ class ReplayEvaluator(PromptSetEvaluator):
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
             tb = time.perf_counter()
-            groups = grouped_greedy(
-                self.target, [self.prompt_tokens[i] for i in batch], sets, max_new_tokens=self.max_new_tokens,
-                scope=self.scope, eos_token_ids=self.eos_token_ids, keep_hidden=keep_hidden,
-                prefill=self._prefill_for(batch, keep_hidden, private=G == 1),
+            groups = self._generate(
+                [self.prompt_tokens[i] for i in batch], sets, max_new_tokens=self.max_new_tokens, scope=self.scope,
+                eos_token_ids=self.eos_token_ids, keep_hidden=keep_hidden, prefills=self._dense_prefills(batch),
             )
             for g, (skip, drafter, gens) in enumerate(zip(sets, drafters, groups, strict=True)):
                 with self.target.skip(skip):  # as in the engine: self-drafting nests its skip set inside
@@ -557,24 +365,11 @@ class ReplayEvaluator(PromptSetEvaluator):
             self._aggregate(skip, order, outputs[g], stats[g], tokens[g], wall_s=wall) for g, skip in enumerate(sets)
         ]
 
-    def _prefill_for(
-        self, batch: list[int], keep_hidden: bool, private: bool = True
-    ) -> Callable[[], _Prefill] | None:
-        """This batch's dense prefill (computed on first use), ``verify`` scope only: a copy
-        when ``private``, else the kept state itself (the caller must not change it:
-        :func:`grouped_greedy` repeats it into a new cache for a group)."""
-        if not self.reuse_prefill or self.scope != "verify":
+    def _dense_prefills(self, batch: list[int]) -> list[DensePrefill] | None:
+        """The batch's dense prefills in ``verify`` scope (kept ones when ``reuse_prefill``,
+        else computed for this call only, shared by its skip sets); ``None`` in ``all`` scope,
+        where every row prefills under its own skip set."""
+        if self.scope != "verify":
             return None
-        key = (tuple(batch), keep_hidden)
-
-        def compute() -> _Prefill:
-            with self.target.skip(()):
-                return _prefill(self.target, [self.prompt_tokens[i] for i in batch], keep_hidden)
-
-        def restore() -> _Prefill:
-            p = self._prefills.get(key, compute)
-            if not private:
-                return p
-            return _Prefill(cache=copy.deepcopy(p.cache), logits=p.logits, hidden=p.hidden)
-
-        return restore
+        kept = [self._prefill(i) for i in batch]
+        return [p if p is not None else dense_prefill(self.target, self.prompt_tokens[i]) for i, p in zip(batch, kept)]
