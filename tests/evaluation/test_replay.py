@@ -23,12 +23,12 @@ from tss_opt.decoding.drafters import (
     random_eagle_head,
 )
 from tss_opt.decoding.engine import NoDrafter, SpeculativeEngine
+from tss_opt.decoding.greedy import BatchGreedy
 from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.evaluator import SpecDecodeEvaluator
 from tss_opt.evaluation.prompt_set import PromptSet
-from tss_opt.decoding.greedy import BatchGreedy
 from tss_opt.evaluation.replay import ReplayError, ReplayEvaluator, replay_stats
 from tss_opt.models import ModelConfig, load_model
 
@@ -117,7 +117,7 @@ def test_prefill_reuse_is_lossless(tiny64, qa):
     assert reuse._prefills and not plain._prefills
 
 
-def test_batched_greedy_with_layer_zero_skipped_equals_single_prompt_runs(tiny64, qa):
+def test_the_generation_with_layer_zero_skipped_equals_single_prompt_runs(tiny64, qa):
     target = TargetModel(tiny64.model)
     _, replay = _pair(tiny64, qa, lambda: None, "all", n=3)
     prompts = replay.prompt_tokens

@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 
 from tss_opt.config import config_dir
 from tss_opt.decoding.drafters import EagleDrafter, PromptLookupDrafter, random_eagle_head
-from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.greedy import BatchGreedy
 from tss_opt.decoding.prefill import dense_prefill
+from tss_opt.decoding.protocol import DecodeProtocol
 from tss_opt.decoding.target import TargetModel
 from tss_opt.evaluation.domains import load_domain
 from tss_opt.evaluation.prompt_set import PromptSet

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tss_opt.decoding.batch_budget import DepthPolicy, RowOdds
+from tss_opt.decoding.cache import preallocate
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.engine import GenerationResult, SpeculativeEngine, _Request, checked_request
 from tss_opt.decoding.prefill import DensePrefill
@@ -206,6 +207,9 @@ class BatchEngine:
         )
         if prefill is not None:  # restored now: the row's first step is already a verification
             row.state = engine.prefill(prompt, max_new_tokens, row.skip, scope, row.temperature, seed, reused=prefill)
+            # The copy grows in place, as the rows this engine prefills itself do (a growing
+            # layer copies every cached token at every step).
+            preallocate(row.state.cache, len(prompt) + max_new_tokens + TREE_ROOM)
             self._record(row, prefill.hidden, prefill.logits)
         self.rows.append(row)
         return row

@@ -10,8 +10,9 @@ are untouched, also after an exception.
 :meth:`SkipController.apply_ragged` gives every row of a batch its own skip set (the batch
 engine: the server's continuous batching and the replay evaluator's generations). The rows'
 tokens are flattened into one sequence (``[1, T, hidden]``, each row with a cache of its own)
-and a layer runs on the tokens of the rows that do not skip it only (gathered, run, scattered back), so a skipped layer saves that
-row's compute, as multi-LoRA servers gather the rows of each adapter. The rows running the
+and a layer runs on the tokens of the rows that do not skip it only (gathered, run, scattered
+back), so a skipped layer saves that row's compute, as multi-LoRA servers gather the rows of
+each adapter. The rows running the
 current layer are published on the plan (:attr:`RaggedPlan.active`) for the attention and the
 per-row caches (``decoding/ragged.py``), and each row's executed layers are counted.
 """
