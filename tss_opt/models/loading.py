@@ -66,7 +66,7 @@ def as_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
     if out.dtype != AUTO and out.dtype not in DTYPES:
         raise ModelLoadError(
             f"model.dtype={out.dtype!r} is not supported; expected {AUTO} or one of {', '.join(DTYPES)}. "
-            f"Set dtype=auto (the device's fastest exact-enough precision) or e.g. dtype=float32"
+            f"Set dtype=auto (chosen by device and command: docs/configuration.md) or a dtype, e.g. dtype=bfloat16"
         )
     if out.attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ModelLoadError(
