@@ -124,6 +124,7 @@ class Arm:
     al: list[float] = field(default_factory=list)
     same: list[bool] = field(default_factory=list)  # identical to the reference's tokens
     verdicts: list[str] = field(default_factory=list)  # per prompt: identical, near_tie or diverged
+    ties: list[Any] = field(default_factory=list)  # the near-ties' Divergence (margin, tolerance)
 
 
 class _FirstToken(BaseStreamer):
@@ -418,7 +419,10 @@ def main() -> None:
                         a.same.append(toks == ref)
                         # The one lossless rule: the margin at a divergence from the eager
                         # target (the compiled step computes the same model).
-                        a.verdicts.append(check_lossless(target, ids, ref, toks, a.skip).verdict)
+                        check = check_lossless(target, ids, ref, toks, a.skip)
+                        a.verdicts.append(check.verdict)
+                        if check.verdict == "near_tie":
+                            a.ties.append(check.divergence)
                         a.ratio.append(dec / outs["hf_greedy"][2] if outs["hf_greedy"][2] > 0 else float("nan"))
                         a.e2e_ratio.append(tps / outs["hf_greedy"][1])
                         if "hf_pld" in outs and outs["hf_pld"][2] > 0:
@@ -446,6 +450,11 @@ def main() -> None:
                     if "diverged" in a.verdicts:
                         failures.append(f"{dtype} {dom_name} {length}: {a.label} diverged from plain greedy on "
                                         f"{a.verdicts.count('diverged')}/{len(a.verdicts)} prompts (not at a near-tie)")
+                ties = [d for a in arms for d in a.ties]
+                if ties:  # how close the near-ties were: margins well inside the tolerance are real ties
+                    print(f"\nnear-ties: {len(ties)}; the plain target's margin there {min(d.margin for d in ties):.4g} to "
+                          f"{max(d.margin for d in ties):.4g} logits, tolerance (4 ulps of the top logit) "
+                          f"{min(d.tolerance for d in ties):.3g} to {max(d.tolerance for d in ties):.3g}")
                 drafted = [a for a in arms if a.drafter is not None]
                 if drafted:
                     best = max(drafted, key=lambda a: _median(a.ratio))
