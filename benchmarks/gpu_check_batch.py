@@ -22,9 +22,9 @@ from tss_opt.decoding.batch import BatchEngine
 from tss_opt.decoding.batch_budget import DepthPolicy, measure_batch_latency
 from tss_opt.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.lossless import check_lossless
 from tss_opt.decoding.target import TargetModel
 from tss_opt.models import load_model
-from tss_opt.training.t2d import divergence
 
 
 def batched_serving(rep: Any, base_model: Any, sparse_set: Any, prompts_of: Any, device: str, tokens: int,
@@ -93,7 +93,7 @@ def _one_dtype(rep: Any, model_cfg: dict[str, Any], sparse_set: Any, prompts_of:
             continue
         if g == want:
             same += 1
-        elif dtype != "float32" and (divergence(target, p, want, g, sorted(s)) or {}).get("near_tie"):
+        elif check_lossless(target, p, want, g, sorted(s)).verdict == "near_tie":  # only in half precision
             ties += 1
     checked = sum(1 for i, (p, s) in enumerate(rows) if (i % len(base), s) in alone)
     batch_tps = sum(len(g) for g in got) / elapsed

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from compiled_step import measure, table
 
+from tss_opt.decoding.lossless import check_lossless
 from tss_opt.decoding.target import TargetModel
 from tss_opt.models import load_model
-from tss_opt.training.t2d import divergence
 
 
 def compiled_section(rep: Any, base_model: Any, sparse_set: Any, device: str, budget_s: float) -> None:
@@ -44,14 +44,14 @@ def compiled_section(rep: Any, base_model: Any, sparse_set: Any, device: str, bu
             rep.line(line)
         eager = TargetModel(model)
         for skip, (want, got) in res["tokens"].items():
-            div = divergence(eager, res["prompt"], want, got, skip)
+            div = check_lossless(eager, res["prompt"], want, got, skip).divergence
             label = f"compiled step {dtype} skip={list(skip)}"
             if div is None:
                 rep.line(f"{label}: tokens equal")
-            elif div["near_tie"]:
-                rep.line(f"{label}: near-tie at token {div['position']} (margin {div['margin']:.3g})")
+            elif div.near_tie:
+                rep.line(f"{label}: near-tie at token {div.position} (margin {div.margin:.3g})")
             else:
-                rep.fail(f"{label}: tokens differ from eager at {div['position']} (margin {div['margin']:.3g})")
+                rep.fail(f"{label}: tokens differ from eager at {div.position} (margin {div.margin:.3g})")
         del model, loaded, eager
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

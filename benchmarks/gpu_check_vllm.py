@@ -20,8 +20,8 @@ prompts of the other sections (chat-formatted token ids):
 (b) **bfloat16, the near-tie rule**: the same comparisons in bfloat16, and the TSS model's
     dense rows (no TSS field) against plain vLLM on the original checkpoint, where a first
     difference is accepted only at a near-tie: the diverging run's top two logits there (vLLM's
-    raw logits, ``logprobs_mode="raw_logits"``) within ``HALF_TIE_ULPS`` (4) bfloat16 ulps of
-    its top logit (the engine's rule, ``training/t2d.py``), the reference's token the runner-up.
+    raw logits, ``logprobs_mode="raw_logits"``) within ``TIE_ULPS`` (4, tss_opt/decoding/lossless.py) bfloat16 ulps of
+    its top logit (the engine's rule), the reference's token the runner-up.
     Counted; any other difference fails.
 (c) **tokens/s per batch size** (``GPU_CHECK_VLLM_BATCHES``: 1, 8 and 32 requests on a GPU; 1
     and 8 in the reduced mode), bfloat16, ``GPU_CHECK_VLLM_TOKENS`` new tokens per request
@@ -231,7 +231,7 @@ def _judge(got: dict, want: dict, dtype: str) -> tuple[str, float | None]:
     """``equal``, ``near-tie`` or ``differs``, and the top-two gap at the first difference."""
     import torch
 
-    from tss_opt.training.t2d import HALF_TIE_ULPS
+    from tss_opt.decoding.lossless import TIE_ULPS
 
     if dtype == "float32":
         c = compare(got["tokens"], want["tokens"], got.get("logprobs"))
@@ -242,7 +242,7 @@ def _judge(got: dict, want: dict, dtype: str) -> tuple[str, float | None]:
     if not c.near_tie or c.index is None:  # the reference's token is not the runner-up
         return "differs", c.gap
     top = max(abs(v) for v in got["logprobs"][c.index].values())
-    tol = HALF_TIE_ULPS * torch.finfo(torch.bfloat16).eps * top
+    tol = TIE_ULPS * torch.finfo(torch.bfloat16).eps * top
     return ("near-tie" if (c.gap or 0.0) <= tol else "differs"), c.gap
 
 

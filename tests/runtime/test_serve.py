@@ -118,3 +118,20 @@ def test_serve_applies_the_domain_system_prompt_as_the_search_did(write_mapping,
     ex = Example(id="x", prompt="What is 6 times 7?", references=())
     assert seen[0] == format_prompt(tok, ex, "Answer with one number.").tolist()
     assert seen[1] == format_prompt(tok, ex, None).tolist()
+
+
+def test_serving_in_another_precision_than_searched_warns(write_mapping, caplog):
+    import yaml
+
+    path = write_mapping(SKIPS)
+    data = yaml.safe_load(path.read_text())
+    data["domains"]["qa"]["dtype"] = "float32"  # what a search records (tss_opt.mapping.format)
+    path.write_text(yaml.safe_dump(data))
+    with caplog.at_level(logging.WARNING, logger="tss_opt.assembly.serving"):
+        build_controller(make_cfg(f"mapping_path={path}", "request_domain=qa", "dtype=float32"))
+    assert not [r for r in caplog.records if "serving in" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="tss_opt.assembly.serving"):
+        c = build_controller(make_cfg(f"mapping_path={path}", "request_domain=qa", "dtype=bfloat16"))
+    (line,) = [r.getMessage() for r in caplog.records if "serving in" in r.getMessage()]
+    assert "serving in bfloat16" in line and "qa in float32" in line and "dtype=float32" in line
+    assert c.target.dtype.is_floating_point and str(c.target.dtype) == "torch.bfloat16"

@@ -14,6 +14,7 @@ the stored metadata besides the protocol (model, drafter settings, relaxed setti
 from __future__ import annotations
 
 import pytest
+from study_name_cases import BASE as BASE_OVERRIDES
 from study_name_cases import cases, identity, settings_cases, settings_identity
 
 # The cases that run without the slow marker: the README's first command and one of each kind
@@ -173,3 +174,10 @@ def test_study_name_is_unchanged(label: str, hydra_once) -> None:
 @pytest.mark.parametrize("label, values", settings_cases())
 def test_settings_hash_is_unchanged(label: str, values: dict) -> None:
     assert settings_identity(values) == SETTINGS_EXPECTED[label]
+
+
+@pytest.mark.parametrize("override", ["dtype=auto", "model.dtype=auto"])
+def test_dtype_auto_names_the_float32_study_on_cpu(override: str, hydra_once) -> None:
+    """A search resolves ``dtype=auto`` to float32 on CPU (the precision its exactness rule
+    needs, tss_opt/models/precision.py), whatever the CPU's flags: the README's study, unchanged."""
+    assert identity([*BASE_OVERRIDES, override]) == EXPECTED["readme_first_command"]

@@ -202,7 +202,7 @@ def build_evaluator(
     Args:
         cfg: The composed configuration.
         kind: ``engine``, ``replay`` or ``auto`` (default: the configured kind).
-        runtime: An already assembled model (default: :func:`assemble`).
+        runtime: An already assembled model (default: :func:`assemble` for ``search``).
         prompts: What to run (default: :func:`prompt_set` of ``split`` and ``domain``).
         split: The domain split of the default prompt set (default ``cfg.split``).
         domain: The loaded domain (default: :func:`require_domain` of ``cfg``).
@@ -211,7 +211,7 @@ def build_evaluator(
         UsageError: an unknown kind or evaluator setting.
     """
     settings = evaluator_settings(cfg, kind)
-    rt = runtime or assemble(cfg)
+    rt = runtime or assemble(cfg, "search")  # trial figures: dtype=auto keeps the study's precision
     if prompts is None:
         prompts = prompt_set(cfg, rt, domain, split)
     return EVALUATORS[settings.kind].build(rt, prompts, settings)

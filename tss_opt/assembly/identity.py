@@ -41,7 +41,7 @@ def study_protocol(cfg: DictConfig, domain: Domain | None = None) -> StudyProtoc
         # The preset's count is an upper bound; the calibration size counts for every split.
         prompts=min(check_prompts(cfg.search.prompts) or calibration, calibration),
         split=str(cfg.split),
-        dtype=model_settings(cfg).dtype,
+        dtype=model_settings(cfg, "search").dtype,  # dtype=auto names the float32 study on CPU
         verification=_verification_label(cfg),
         compile=bool(cfg.get("compile")),
         evaluator=evaluator_label(cfg),
@@ -66,7 +66,7 @@ def study_identity(cfg: DictConfig, domain: Domain | None = None) -> tuple[str, 
     from tss_opt.search.identity import protocol_hash, study_name_for
 
     domain = domain or require_domain(cfg)
-    mc = model_settings(cfg)
+    mc = model_settings(cfg, "search")
     drafter = drafter_config(cfg)
     settings = search_settings(cfg)
     proto = study_protocol(cfg, domain).identity()

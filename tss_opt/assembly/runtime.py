@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from tss_opt.decoding.drafters.building import WeightCache
     from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.models import LoadedModel
+    from tss_opt.models.precision import Purpose
 
 
 @dataclass
@@ -48,13 +49,16 @@ class Assembly:
         return self.loaded.eos_token_ids
 
 
-def assemble(cfg: DictConfig) -> Assembly:
-    """Load the configured model and wrap it as a skippable target with its drafter config."""
+def assemble(cfg: DictConfig, purpose: Purpose = "decode") -> Assembly:
+    """Load the configured model and wrap it as a skippable target with its drafter config.
+
+    ``purpose``: what ``dtype: auto`` resolves for (:func:`model_settings`): ``decode`` for
+    commands that generate or serve, ``search`` for those that measure a study's figures."""
     from tss_opt.decoding import TargetModel
     from tss_opt.decoding.compiled import CompiledTarget
     from tss_opt.models import load_model
 
-    loaded = load_model(model_settings(cfg))
+    loaded = load_model(model_settings(cfg, purpose))
     kind = CompiledTarget if cfg.get("compile") else TargetModel  # compile=true (docs/engine.md, "Compiled step")
     target = kind(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
     return Assembly(loaded=loaded, target=target, drafter_cfg=drafter_config(cfg))

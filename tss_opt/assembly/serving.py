@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tss_opt.assembly.runtime import Assembly, assemble, serving_protocol
-from tss_opt.assembly.settings import check_distribution_drafter, drafter_config
+from tss_opt.assembly.settings import check_distribution_drafter, drafter_config, model_settings
 from tss_opt.config.serve import serve_settings
 from tss_opt.mapping import load_mapping
 from tss_opt.runtime.controller import TSSController, check_mapping_model, domain_system_prompts
@@ -68,6 +68,9 @@ def build_controller(
     mapping = load_mapping(cfg.mapping_path)  # fail before loading a model for nothing
     rt = runtime or assemble(cfg)
     check_mapping_model(mapping, rt.loaded.model_id, rt.target.num_layers)
+    note = mapping.precision_note(rt.loaded.config.dtype)
+    if note:
+        log.warning("%s", note)
     drafter = rt.drafter_cfg.get("name")
     searched = sorted({e.drafter for e in mapping.entries.values() if e.drafter})
     if drafter and searched and searched != [drafter]:
@@ -163,7 +166,7 @@ def build_vllm_launch(cfg: DictConfig, vllm_args: list[str] | None = None) -> VL
     import json
     from pathlib import Path
 
-    from tss_opt.models.loading import as_model_config, model_id_for
+    from tss_opt.models.loading import model_id_for
     from tss_opt.models.local_dir import checkpoint_dir
     from tss_opt.runtime.server.run import check_bind
     from tss_opt.runtime.server.settings import ServerSettings
@@ -174,12 +177,15 @@ def build_vllm_launch(cfg: DictConfig, vllm_args: list[str] | None = None) -> VL
     version = check_vllm()
     port = settings.port or _free_port(settings.host)
     check_bind(settings.host, port)
-    mc = as_model_config(cfg.model)
+    mc = model_settings(cfg)  # the dtype= / device= shortcuts, dtype=auto resolved for decoding
     mapping = load_mapping(cfg.mapping_path)
     model_dir = checkpoint_dir(mc)
     hf = json.loads((Path(model_dir) / "config.json").read_text()) if Path(model_dir).is_dir() else {}
     num_layers = int(hf.get("num_hidden_layers") or mc.num_layers)
     check_mapping(mapping, num_layers, model_id_for(mc))
+    note = mapping.precision_note(mc.dtype)
+    if note:
+        log.warning("%s", note)
     if hf:
         check_head_dim(int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]), mc.device)
     log.info(

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tss_opt.decoding.protocol import DecodeProtocol
     from tss_opt.decoding.verify.relaxed import Verifier
     from tss_opt.evaluation.domains import Domain
+    from tss_opt.models.precision import Purpose
     from tss_opt.search.tolerance import MetricTolerance
 
 
@@ -53,12 +54,20 @@ def model_config(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(mc)
 
 
-def model_settings(cfg: DictConfig) -> ModelConfig:
+def model_settings(cfg: DictConfig, purpose: Purpose = "decode") -> ModelConfig:
     """The configured model as a typed :class:`~tss_opt.config.ModelConfig` (shortcuts applied,
-    checked against the schema): what the library below takes."""
-    from tss_opt.models import as_model_config
+    checked against the schema, ``dtype: auto`` resolved for ``purpose``): what the library
+    below takes.
 
-    return as_model_config(model_config(cfg))
+    Args:
+        cfg: The composed configuration.
+        purpose: ``decode`` (generate, serve, evaluate: the device's fastest native precision)
+            or ``search`` (studies and what reads them: the precision the exactness rule
+            needs, float32 on CPU); see :mod:`tss_opt.models.precision`.
+    """
+    from tss_opt.models import as_model_config, resolve_model_dtype
+
+    return resolve_model_dtype(as_model_config(model_config(cfg)), purpose)
 
 
 def require_domain(cfg: DictConfig) -> Domain:

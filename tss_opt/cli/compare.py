@@ -162,7 +162,7 @@ def compare(cfg: DictConfig) -> list[Any]:
     num_layers = int(cfg.model.num_layers)
     for s in strategies:
         check_budget(search_settings(with_search(cfg, mode=s)), num_layers)
-    rt = assemble(cfg)
+    rt = assemble(cfg, "search")  # measures a study's figures: dtype=auto keeps its precision
     evaluator = calibration_evaluator(cfg, rt)
     heldout = HeldoutSets(cfg, rt)
     rows: list[ComparisonRow] = []

@@ -40,7 +40,7 @@ def export_model(cfg: DictConfig) -> ExportSummary:
         export_domain_checkpoint,
     )
     from tss_opt.mapping.gguf_export import check_gguf_out, export_domain_gguf, source_gguf_path
-    from tss_opt.models import as_model_config, load_model, model_id_for
+    from tss_opt.models import as_model_config, load_model, model_id_for, resolve_model_dtype
 
     if cfg.get("domain") is None:
         from tss_opt.config.search_path import domain_config_dirs
@@ -56,7 +56,9 @@ def export_model(cfg: DictConfig) -> ExportSummary:
             if cfg.get(key) is not None:
                 raise UsageError(f"{key}={cfg.get(key)} applies to format=gguf only; add format=gguf or drop {key}=")
     # Everything that can be refused is checked before the model (or the GGUF) is read.
-    mc = as_model_config(model_config(cfg))
+    # A checkpoint keeps the precision the mapping was searched in: dtype=auto resolves as a
+    # search does (float32 on CPU), not to the fastest decoding precision.
+    mc = resolve_model_dtype(as_model_config(model_config(cfg)), "search")
     if fmt is ExportFormat.gguf:
         check_gguf_out(cfg.get("out"), mc.name, domain)
     else:

@@ -76,7 +76,7 @@ def report(cfg: DictConfig) -> HeldoutReport:
     level = _level(cfg.get("report_confidence", REPORT_LEVEL))  # refuse a bad level before loading anything
     mapping = load_mapping(cfg.mapping_path)
     domains = report_domains(cfg, mapping)
-    rt = assemble(cfg)
+    rt = assemble(cfg, "search")  # measures a study's figures: dtype=auto keeps its precision
     mapping.check_model(rt.loaded.model_id, rt.target.num_layers)
     drafter = rt.drafter_cfg.get("name")
     searched = sorted({e.drafter for e in mapping.entries.values() if e.drafter})

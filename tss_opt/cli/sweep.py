@@ -51,7 +51,7 @@ def sweep(cfg: DictConfig) -> list[Any]:
         c = with_search(cfg, eps_accept=eps, eps_metric=eps, tau_accept=eps, tau_metric=eps)
         search_settings(c)  # validate before loading the model
         configs.append((t, eps, c))
-    rt = assemble(cfg)
+    rt = assemble(cfg, "search")  # measures a study's figures: dtype=auto keeps its precision
     evaluator = calibration_evaluator(cfg, rt)
     heldout = HeldoutSets(cfg, rt)
     rows = []

@@ -69,7 +69,10 @@ def train_drafter(cfg: DictConfig) -> Any:
             + (f" (the model's default; add drafter={trainable[0]})" if cfg.get("drafter") is None else "")
         )
     label, domains = training_domains(cfg, settings)
-    job = TrainingJob(label=label, domains=domains, settings=settings, drafter=drafter, load=lambda: assemble(cfg))
+    # Training keeps the search's precision (float32 on CPU) under dtype=auto.
+    job = TrainingJob(
+        label=label, domains=domains, settings=settings, drafter=drafter, load=lambda: assemble(cfg, "search")
+    )
     try:
         return trainer(job)
     except TrainingInterrupted as e:

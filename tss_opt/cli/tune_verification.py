@@ -69,7 +69,7 @@ def tune_verification(cfg: DictConfig) -> RelaxedChoice:
             f"no skip set for {domain.name!r}: give skip=[...] or run its search first (no entry in {path}); "
             "skip=[] means 'take it from the mapping'"
         )
-    rt = assemble(cfg)
+    rt = assemble(cfg, "search")  # measures a study's figures: dtype=auto keeps its precision
     if mapping is not None:
         mapping.check_model(rt.loaded.model_id, rt.target.num_layers)
     skip = validate_skip(skip, rt.target.num_layers)

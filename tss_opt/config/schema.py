@@ -119,7 +119,7 @@ class TSSConfig(ServeSettings):
     reuse_prefill: bool = True  # scope=verify: prefill each prompt once per process, copy per trial
     prefill_store_gib: float = 8.0  # byte budget of the kept prefills (LRU); docs/engine.md has the arithmetic
     device: str | None = None  # shortcut for model.device (e.g. cuda:1)
-    dtype: str | None = None  # shortcut for model.dtype (e.g. bfloat16)
+    dtype: str | None = None  # shortcut for model.dtype (e.g. bfloat16, or auto: tss_opt.models.precision)
     threads: int | None = None  # torch CPU threads; None = torch's default
     mapping_path: str = "storage/mapping.yaml"
     write_mapping: bool = True

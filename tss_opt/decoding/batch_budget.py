@@ -260,6 +260,5 @@ def load_or_measure_batch_latency(
     """The cached table for this (machine, model, dtype, device), measured and saved once
     (SmolLM2-135M, float32, one CPU thread: about half a minute; the tiny test model: a second)."""
     path = batch_latency_path(target, directory, model_name)
-    return load_or_measure(
-        path, BatchLatency.from_dict, lambda: measure_batch_latency(target, key=hardware_key(target, model_name))
-    )
+    key = hardware_key(target, model_name)
+    return load_or_measure(path, BatchLatency.from_dict, lambda: measure_batch_latency(target, key=key), key)

@@ -45,6 +45,7 @@ def entry_from_result(
     verification: str = "exact",
     relaxed: Mapping[str, Any] | None = None,
     scope: str = DEFAULT_SCOPE,
+    dtype: str | None = None,
 ) -> MappingEntry:
     """Build the mapping entry of a finished :class:`~tss_opt.search.SearchResult`.
 
@@ -53,6 +54,8 @@ def entry_from_result(
         relaxed: That rule's settings (the study metadata's ``relaxed``), for lossy studies.
         scope: The skip scope the study searched with (its protocol's ``scope``): ``verify``
             or ``all``; the runtime serves the entry with it.
+        dtype: The precision the study searched in (its protocol's ``dtype``); ``None``:
+            not recorded.
         validation: A validation outcome (``ValidationOutcome.to_dict()``, the study's
             ``validation`` user attribute). When given, its ``chosen`` set (or dense) is the
             entry's skip set instead of the search's S*, and the entry records the
@@ -125,6 +128,7 @@ def entry_from_result(
         verification=verification,
         relaxed=dict(relaxed) if relaxed is not None and Verification.lossy_label(verification) else None,
         scope=scope,
+        dtype=dtype,
     )
 
 
@@ -183,6 +187,8 @@ def export_mapping(
         relaxed=metadata.get("relaxed"),  # a search under a lossy rule: its settings (study_identity)
         # The scope the trials measured under; studies from before it was recorded: verify.
         scope=str((metadata.get("protocol") or {}).get("scope", DEFAULT_SCOPE)),
+        # The precision the trials ran in: the runtime warns when it serves in another.
+        dtype=(metadata.get("protocol") or {}).get("dtype"),
     )
     write_entry(path, entry)
     return entry

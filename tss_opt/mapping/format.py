@@ -99,6 +99,11 @@ class MappingEntry:
             forward, prefill included: what a checkpoint with the layers deleted computes,
             ``tss_opt.mapping.checkpoint``). Entries written before the scope was recorded
             read as ``verify``.
+        dtype: The floating-point type the study searched in (its protocol's ``dtype``:
+            ``float32``, ``bfloat16``...). The skip set and its figures hold in that precision;
+            the runtime logs a warning when it serves in another (other roundings flip
+            argmax near-ties, so acceptance and outputs may differ). ``None`` in files written
+            before it was recorded (those studies all searched in float32, the default then).
     """
 
     domain: str
@@ -121,6 +126,7 @@ class MappingEntry:
     verification: str = "exact"
     relaxed: Mapping[str, Any] | None = None
     scope: str = DEFAULT_SCOPE
+    dtype: str | None = None
 
     @property
     def lossy(self) -> bool:
@@ -165,6 +171,8 @@ class MappingEntry:
             data["calibration"] = dict(self.calibration)
         if self.validation is not None:
             data["validation"] = dict(self.validation)
+        if self.dtype is not None:
+            data["dtype"] = self.dtype
         if self.lossy:  # exact entries stay as before; a lossy one says so
             data["verification"] = self.verification
             data["lossy"] = True
@@ -219,6 +227,25 @@ class DomainMapping:
                 "would skip the wrong layers. Use the mapping file searched on this model "
                 "or run the search for it."
             )
+
+    def precision_note(self, dtype: str) -> str | None:
+        """Why serving in ``dtype`` may not reproduce the searched figures, or ``None``.
+
+        A warning, not an error: the skip sets still apply, but their acceptance and metric
+        were measured in the entries' recorded precision, and other roundings flip argmax
+        near-ties (docs/engine.md, "Precision"). Entries that recorded no dtype are not
+        compared (older files).
+        """
+        other = {d: e.dtype for d, e in sorted(self.entries.items()) if e.dtype is not None and e.dtype != dtype}
+        if not other:
+            return None
+        where = f" {self.path}" if self.path else ""
+        searched = ", ".join(f"{d} in {t}" for d, t in other.items())
+        return (
+            f"serving in {dtype} but the mapping{where} was searched {searched}: its accepted lengths and metrics "
+            f"hold in that precision, and outputs near argmax ties may differ. Set dtype={next(iter(other.values()))} "
+            "to serve in the searched precision, or search again in this one"
+        )
 
     def with_entry(self, entry: MappingEntry) -> DomainMapping:
         """A copy with ``entry`` added or replaced (same model required)."""
@@ -384,6 +411,7 @@ def _entry(path: Path | None, domain: str, data: Any, model: str, num_layers: in
         verification=verification,
         relaxed=_relaxed(path, f"{where}.relaxed", data.get("relaxed"), verification),
         scope=scope,
+        dtype=_text(path, f"{where}.dtype", data.get("dtype"), optional=True),
     )
 
 

@@ -8,13 +8,19 @@ from tss_opt.models.loading import (
     load_model,
     model_id_for,
 )
+from tss_opt.models.precision import AUTO, DtypeChoice, choose_dtype, cpu_flags, resolve_model_dtype
 
 __all__ = [
+    "AUTO",
+    "DtypeChoice",
     "LoadedModel",
     "ModelConfig",
     "ModelLoadError",
     "TinyConfig",
     "as_model_config",
+    "choose_dtype",
+    "cpu_flags",
     "load_model",
     "model_id_for",
+    "resolve_model_dtype",
 ]

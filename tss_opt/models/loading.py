@@ -14,6 +14,7 @@ import torch
 
 from tss_opt.config.model import ModelConfig, to_model_config
 from tss_opt.errors import TSSError
+from tss_opt.models.precision import AUTO, resolve_model_dtype
 from tss_opt.models.publish import publish_dir, staging_dir
 from tss_opt.progress import held_library_bars, quiet_library_bars
 
@@ -62,8 +63,11 @@ def as_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
     out = to_model_config(cfg)
     if out.source not in SOURCES:
         raise ModelLoadError(f"model.source={out.source!r} is not supported; expected one of {', '.join(SOURCES)}")
-    if out.dtype not in DTYPES:
-        raise ModelLoadError(f"model.dtype={out.dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+    if out.dtype != AUTO and out.dtype not in DTYPES:
+        raise ModelLoadError(
+            f"model.dtype={out.dtype!r} is not supported; expected {AUTO} or one of {', '.join(DTYPES)}. "
+            f"Set dtype=auto (chosen by device and command: docs/configuration.md) or a dtype, e.g. dtype=bfloat16"
+        )
     if out.attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ModelLoadError(
             f"model.attn_implementation={out.attn_implementation!r} cannot verify draft trees exactly (the engine "
@@ -82,12 +86,19 @@ def model_id_for(cfg: ModelConfig) -> str:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a concrete dtype name (``auto`` is resolved before, by
+    :func:`tss_opt.models.precision.resolve_model_dtype`)."""
     return DTYPES[name]
 
 
 def load_model(cfg: ModelConfig | Mapping[str, Any]) -> LoadedModel:
-    """Load the model described by ``cfg`` (see ``conf/model/*.yaml``)."""
-    mc = as_model_config(cfg)
+    """Load the model described by ``cfg`` (see ``conf/model/*.yaml``).
+
+    ``dtype: auto`` still unresolved here is resolved for decoding
+    (:func:`~tss_opt.models.precision.resolve_model_dtype`); callers that search resolve it
+    first with ``purpose="search"``. The returned :attr:`LoadedModel.config` always holds the
+    concrete dtype."""
+    mc = resolve_model_dtype(as_model_config(cfg))
     dtype = resolve_dtype(mc.dtype)
     quiet_library_bars()  # no transformers/hub bars in a log; kept on a terminal
     t0 = time.perf_counter()

@@ -110,44 +110,6 @@ class T2DReport:
         return asdict(self)
 
 
-# Half precision: verifying k tokens in one forward and one at a time round differently, so a
-# lossless speculative run may take the other side of a near-tie (measured on bfloat16 runs). A divergence counts
-# as lossless when the plain run's margin there is within this many ulps of its top logit.
-HALF_TIE_ULPS = 4
-HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def divergence(
-    target: Any, prompt: torch.Tensor, plain: list[int], got: list[int], skip: Sequence[int]
-) -> dict[str, Any] | None:
-    """Where ``got`` first differs from ``plain`` and the plain target's logit margin there.
-
-    Args:
-        target: the :class:`~tss_opt.decoding.TargetModel` both runs used.
-        prompt: ``torch.LongTensor`` of shape ``(P,)``.
-        plain, got: the generated tokens of plain greedy decoding and of the speculative run.
-        skip: the target's skip set in both runs.
-
-    Returns:
-        ``None`` when the tokens are equal; else ``position``, ``margin`` (the plain token's
-        logit minus the speculative token's, at that position, from a fresh forward),
-        ``tolerance`` (``HALF_TIE_ULPS`` ulps of the top logit in the model's dtype; 0 in
-        float32/float64, where only equal tokens count) and ``near_tie`` (margin <= tolerance).
-    """
-    if plain == got:
-        return None
-    j = next((i for i, (a, b) in enumerate(zip(plain, got)) if a != b), min(len(plain), len(got)))
-    if j >= min(len(plain), len(got)):  # one stopped early (EOS): not a near-tie question
-        return {"position": j, "margin": float("inf"), "tolerance": 0.0, "near_tie": False}
-    ids = torch.cat([prompt.reshape(-1), torch.tensor(plain[:j], dtype=torch.long)]).to(target.device)
-    with torch.inference_mode(), target.skip(skip):
-        logits = target.model(input_ids=ids[None], logits_to_keep=1).logits[0, -1]
-    top = float(logits.float().abs().max())
-    tol = HALF_TIE_ULPS * torch.finfo(target.dtype).eps * top if target.dtype in HALF_DTYPES else 0.0
-    margin = float(logits[plain[j]].float() - logits[got[j]].float())
-    return {"position": j, "margin": margin, "tolerance": tol, "near_tie": margin <= tol}
-
-
 def _probe(
     loaded: LoadedModel, student: Any, skip: list[int], prompts: Sequence[Sequence[int]], settings: T2DSettings
 ) -> list[dict[str, Any]]:
@@ -156,6 +118,7 @@ def _probe(
     from tss_opt.decoding import TargetModel
     from tss_opt.decoding.drafters.draft_model import DraftModelDrafter, SelfDrafter
     from tss_opt.decoding.engine import SpeculativeEngine
+    from tss_opt.decoding.lossless import check_lossless
 
     target = TargetModel(loaded.model, layers_path=loaded.config.layers_path, max_context=loaded.config.max_context)
     eos = loaded.eos_token_ids
@@ -173,12 +136,12 @@ def _probe(
             got = SpeculativeEngine(target, drafter, eos_token_ids=eos).generate(p, **kw)
             row[f"{name}_accept_length"] = got.stats.accept_length
             row[f"{name}_tokens_per_s"] = got.stats.tokens_per_s
-            # Equal tokens; in half precision, or a first divergence at a near-tie of the
-            # plain run (batched and one-token forwards round differently there).
-            div = divergence(target, p, plain.tokens.tolist(), got.tokens.tolist(), settings.target_skip)
-            row[f"{name}_lossless"] = div is None or bool(div["near_tie"])
-            if div is not None:
-                row[f"{name}_divergence"] = div
+            # The one lossless rule (tss_opt.decoding.lossless): equal tokens, or in half
+            # precision a first divergence at a near-tie of the plain run.
+            check = check_lossless(target, p, plain.tokens.tolist(), got.tokens.tolist(), settings.target_skip)
+            row[f"{name}_lossless"] = check.lossless
+            if check.divergence is not None:
+                row[f"{name}_divergence"] = check.divergence.to_dict()
         rows.append(row)
     return rows
 

@@ -193,7 +193,7 @@ def load_or_measure_latency(
     key = hardware_key(target, model_name)
     path = table_path("latency", key, sizing_dir(directory), prefix_len)
     return load_or_measure(
-        path, LatencyTable.from_dict, lambda: measure_latency(target, sizes, key=key, prefix_len=prefix_len)
+        path, LatencyTable.from_dict, lambda: measure_latency(target, sizes, key=key, prefix_len=prefix_len), key
     )
 
 

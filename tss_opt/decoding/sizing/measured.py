@@ -120,17 +120,37 @@ def warn_if_busy(table: MeasuredTable, path: Path) -> None:
 T = TypeVar("T", bound=MeasuredTable)
 
 
-def load_or_measure(path: Path, parse: Callable[[Mapping[str, Any]], T], measure: Callable[[], T]) -> T:
+def load_or_measure(
+    path: Path,
+    parse: Callable[[Mapping[str, Any]], T],
+    measure: Callable[[], T],
+    key: Mapping[str, str] | None = None,
+) -> T:
     """The table cached at ``path``, else ``measure()`` saved there (a damaged file is
-    measured again and overwritten); a table measured on a busy host is warned about once."""
+    measured again and overwritten); a table measured on a busy host is warned about once.
+
+    ``key``: what the table must hold for (``sizing.latency.hardware_key``). The file name is
+    made from the key, but a file copied or renamed by hand (or two keys whose names differ
+    only in punctuation) could still hold another precision's or machine's seconds: a stored
+    key that differs from ``key`` in any field is measured again and overwritten (a float32
+    table never sizes a bfloat16 run: on the 2-core development CPU one SmolLM2 forward of
+    1 / 8 / 64 new tokens took 51 / 104 / 182 ms in float32 and 64 / 50 / 76 ms in bfloat16,
+    so the two precisions want different trees). A table that stored no key (written by hand)
+    is trusted."""
     if path.is_file():
         try:
             table = parse(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, TreeSizingError):
             pass
         else:
-            warn_if_busy(table, path)
-            return table
+            stale = key is not None and bool(table.key) and dict(table.key) != dict(key)
+            if not stale:
+                warn_if_busy(table, path)
+                return table
+            log.warning(
+                "the measured table %s holds for %s, not for this target (%s); measuring it again",
+                path, dict(table.key), dict(key or {}),
+            )
     log.info("measuring %s once (cached in %s)", path.stem, path.parent)
     table = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
