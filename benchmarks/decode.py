@@ -1,4 +1,4 @@
-"""Decoding benchmark on the embedded model (issues 23 and 34): HF greedy / HF prompt lookup
+"""Decoding benchmark on the embedded model: HF greedy / HF prompt lookup
 against our engine with every drafter, at its shipped config and at classic fixed sizes, on short
 and long prompts, eager and (``--compile``) compiled, against the memory-bandwidth limit.
 

@@ -1,4 +1,4 @@
-"""The GPU check (issues 21 and 24): one call on a lent GPU answers whether the engine is right
+"""The GPU check: one call on a lent GPU answers whether the engine is right
 and fast there. Run by benchmarks/gpu_check.sh; under 10 minutes on one GPU.
 
     bash benchmarks/gpu_check.sh                         # auto: cuda if present, else a reduced CPU run

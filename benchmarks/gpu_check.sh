@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issues 21, 24 and 34): under 10 minutes on one GPU; a reduced run on a CPU.
+# The GPU check (engine exactness and speed, batching, TSS inside vLLM): under 10 minutes on one GPU; a reduced run on a CPU.
 #   bash benchmarks/gpu_check.sh                                   # cuda when present, else reduced CPU mode
 #   GPU_CHECK_MODEL_PATH=/path/to/llama-2-7b bash benchmarks/gpu_check.sh   # + a local checkpoint
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh               # force the reduced CPU mode
