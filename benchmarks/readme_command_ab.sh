@@ -3,7 +3,8 @@
 # folder (`git archive`, so the model conversion is included), the arms alternated round after
 # round so that a change in the machine's load falls on both; prints every run's wall time,
 # the median per arm with its ratio, and whether the two arms printed the same trials
-# (skip set, accepted length, metric, cost and verdict of every trial) and the same mapping.
+# (skip set, accepted length, metric, cost and verdict of every trial) and the same mapping
+# entry (its skip set and figures).
 #
 #   bash benchmarks/readme_command_ab.sh BEFORE AFTER [ROUNDS] [-- extra overrides]
 #   bash benchmarks/readme_command_ab.sh 20cc41d HEAD 2 -- threads=1
@@ -18,7 +19,6 @@ shift $(( $# < 3 ? $# : 3 ))
 PYTHON=${PYTHON:-python}
 REPO=$(git rev-parse --show-toplevel)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/readme_ab.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
 
 declare -A WALLS
 for round in $(seq 1 "$ROUNDS"); do
@@ -34,6 +34,8 @@ for round in $(seq 1 "$ROUNDS"); do
     printf 'round %d  %-6s %-10s %7.1f s  %s\n' "$round" "$arm" "$commit" "$wall" "$(grep -o '[0-9]* configurations' "$dir/out.txt" | tail -1)"
     # what the search found: every trial's figures and verdict (not its progress counters)
     grep 'trial #' "$dir/out.txt" | sed 's/^.*trial #/trial #/; s/ \[.*//' | sort > "$dir/trials.txt"
+    # the mapping's figures (a newer format may add fields, e.g. the searched dtype)
+    grep -E '^ *(skip_set|accept_length|metric|metric_name|cost):' "$dir/storage/mapping.yaml" > "$dir/answer.txt"
   done
 done
 
@@ -44,7 +46,7 @@ printf '| arm | commit | median wall (s) | after / before |\n|---|---|---:|---:|
 printf '| before | %s | %.1f | |\n| after | %s | %.1f | %.2fx |\n' "$BEFORE" "$mb" "$AFTER" "$ma" "$(echo "$ma / $mb" | bc -l)"
 same=yes
 for f in "$WORK"/*/trials.txt; do cmp -s "$f" "$WORK/before.1/trials.txt" || same=no; done
-for f in "$WORK"/*/storage/mapping.yaml; do cmp -s "$f" "$WORK/before.1/storage/mapping.yaml" || same=no; done
+for f in "$WORK"/*/answer.txt; do cmp -s "$f" "$WORK/before.1/answer.txt" || same=no; done
 echo "same trials and mapping in every run: $same"
 grep -o 'summarization\.[a-z0-9_.]*' "$WORK/after.1/out.txt" | sort -u | head -1 | sed 's/^/study: /'
-[ $same = yes ]
+if [ $same = yes ]; then rm -rf "$WORK"; else echo "the runs' logs are kept in $WORK"; exit 1; fi
