@@ -278,11 +278,13 @@ class BatchEngine:
             if tree is None:  # the prefill: its first token
                 row.engine.first_token(s, inp.cache, o.logits, o.hidden)
                 s.stats.prefill_layer_forwards = o.executed
-                self._record(row, o.hidden.clone(), o.logits.clone())
+                if row.features is not None:  # copies only for a recording row (the server's rows do not)
+                    self._record(row, o.hidden.clone(), o.logits.clone())
             else:
                 accepted, committed = row.engine.accept(s, tree, o.logits)
                 row.engine.commit(s, tree, accepted, committed, o.logits, o.hidden)
-                self._record(row, o.hidden[[0, *(a + 1 for a in accepted)]])  # the fed tokens' rows
+                if row.features is not None:
+                    self._record(row, o.hidden[[0, *(a + 1 for a in accepted)]])  # the fed tokens' rows
                 s.stats.verify_layer_forwards += o.executed
                 s.stats.verify_s += forward_s
                 s.stats.draft_s += d_s + (time.perf_counter() - t)
