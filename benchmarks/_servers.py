@@ -47,7 +47,7 @@ class ServerSpec:
     """How to start one server.
 
     Attributes:
-        name: ``ours``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
+        name: ``ours``, ``ours-auto``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
             column).
         port: The loopback port it listens on.
         argv: The command line, the interpreter first.
@@ -176,7 +176,8 @@ def vllm_spec(
 
 
 def ours_spec(
-    port: int, mapping: Path, cache_dir: Path, max_tokens: int, threads: int, extra: Sequence[str], log: Path
+    port: int, mapping: Path, cache_dir: Path, max_tokens: int, threads: int, extra: Sequence[str], log: Path,
+    name: str = "ours",
 ) -> ServerSpec:
     """``python -m tss_opt.cli.serve`` of this repository (PYTHONPATH: not an installed copy)."""
     argv = [
@@ -184,7 +185,7 @@ def ours_spec(
         f"mapping_path={mapping}", f"model.cache_dir={cache_dir}", f"max_new_tokens={max_tokens}",
         f"threads={threads}", *extra,
     ]
-    return ServerSpec("ours", port, argv, {**thread_env(threads), "PYTHONPATH": _repo_path()}, None, log)
+    return ServerSpec(name, port, argv, {**thread_env(threads), "PYTHONPATH": _repo_path()}, None, log)
 
 
 def peer_spec(port: int, checkpoint: Path, threads: int, extra: Sequence[str], log: Path) -> ServerSpec:

@@ -16,6 +16,10 @@ The servers (``--servers``, in the order given; ``_servers.py`` builds their com
 - ``ours``: ``python -m tss_opt.cli.serve`` with the mapping (``--mapping``, default the
   committed CPU preset: mmlu on skip set [3, 14]) and its default drafter; settings through
   ``--ours-arg KEY=VALUE``.
+- ``ours-auto``: the same with ``dtype=auto``: the precision the decoding commands pick on this
+  machine (bfloat16 on a CPU with native bf16 dot products, ``tss_opt/models/precision.py``;
+  the line of its log that says which is quoted in the report), beside ``ours`` in the
+  embedded preset's float32.
 - ``peer``: ``transformers serve DIR --continuous-batching --device cpu --dtype float32``; its
   own flags through ``--peer-arg=--cb-num-blocks=64``.
 - ``tssvllm``: ``python -m tss_opt.cli.serve backend=vllm mapping_path=<the mapping>``: vLLM's
@@ -101,9 +105,9 @@ TARGET_VS_PEER, GOAL_VS_PEER, TARGET_VS_ONE = 1.0, 1.5, 2.0  # ours, at the most
 # launch settings on a one-domain load (the skipped layers' saving); the goal: plain vLLM's
 # defaults on the mixed load.
 TARGET_VS_OURS, TARGET_VS_OURS_AT, TARGET_VS_EAGER, GOAL_VS_VLLM = 1.25, 16, 1.0, 1.0
-SERVERS = ("ours", "peer", "tssvllm", "vllm", "vllm-eager")
+SERVERS = ("ours", "ours-auto", "peer", "tssvllm", "vllm", "vllm-eager")
 VLLM_SERVERS = ("tssvllm", "vllm", "vllm-eager")
-LABELLED = ("ours", "tssvllm")  # requests name their domain
+LABELLED = ("ours", "ours-auto", "tssvllm")  # requests name their domain
 COUNTS_PATH = "/tss/layer_counts"
 
 
@@ -521,6 +525,7 @@ def ratio_lines(
                     f"  {a.clients:>3} client{'s' if a.clients > 1 else ' '}: tokens/s "
                     f"{times(a.tokens_per_s, b.tokens_per_s)}, p50 {times(b.p50, a.p50)}{tgt}"
                 )
+        lines += versus(results, load.name, "ours-auto", "ours")
         lines += versus(results, load.name, "tssvllm", "ours",
                         TARGET_VS_OURS if multi else None, "target", TARGET_VS_OURS_AT)
         lines += versus(results, load.name, "tssvllm", "vllm-eager", TARGET_VS_EAGER if load.one_domain else None)
@@ -642,6 +647,10 @@ def main() -> None:
         "ours": lambda port: _servers.ours_spec(
             port, mapping, cache_dir, args.max_tokens, threads, ours_extra, work / "ours.log"
         ),
+        "ours-auto": lambda port: _servers.ours_spec(
+            port, mapping, cache_dir, args.max_tokens, threads, [*ours_extra, "dtype=auto"], work / "ours-auto.log",
+            name="ours-auto",
+        ),
         "peer": lambda port: _servers.peer_spec(port, checkpoint, threads, args.peer_arg, work / "peer.log"),
         "tssvllm": lambda port: _servers.tssvllm_spec(port, mapping, cache_dir, args.vllm_arg, work / "tssvllm.log"),
         "vllm": lambda port: _servers.vllm_spec(port, checkpoint, args.vllm_arg, work / "vllm.log", eager=False),
@@ -698,6 +707,9 @@ def main() -> None:
         for load_name, lv in got.items():
             results[load_name][name] = lv
         notes += counted
+        if name == "ours-auto":  # what dtype=auto chose, and why (the server's own log line)
+            chose = [ln.split("dtype=auto: ", 1)[1] for ln in spec.log.read_text(errors="replace").splitlines() if "dtype=auto: " in ln]
+            notes.append(f"ours-auto: dtype=auto: {chose[0] if chose else 'no line in the log saying what it chose'}")
     table = [HEADER] + [
         row(lv, solo_texts(res[name])) for name in servers for res in results.values() if name in res for lv in res[name]
     ]

@@ -106,6 +106,22 @@ def test_f16_and_q8_0_round_the_matrices_and_keep_1d_tensors_f32(tmp_path, tiny_
     assert values(q8, "output.weight")[1] == GGMLQuantizationType.F16
 
 
+def test_bf16_rounds_the_matrices_as_torch_bfloat16_does(tmp_path, tiny_gguf):
+    """A bf16 GGUF holds what ``dtype=bfloat16`` runs: each float32 weight rounded to
+    bfloat16 (nearest, ties to even) exactly as torch rounds it; norms stay F32."""
+    import torch
+
+    ref = GGUFReader(export(tmp_path, tiny_gguf, outtype="f32", out="f32").out)
+    bf16 = GGUFReader(export(tmp_path, tiny_gguf, outtype=GGUFOutType.bf16, out="bf16").out)
+    assert field(bf16, "general.file_type") == 32  # LlamaFileType.MOSTLY_BF16
+    got, qtype = values(bf16, "blk.1.attn_q.weight")
+    want, _ = values(ref, "blk.1.attn_q.weight")
+    assert qtype == GGMLQuantizationType.BF16 and not np.array_equal(got, want)
+    np.testing.assert_array_equal(got, torch.from_numpy(want).to(torch.bfloat16).float().numpy())
+    got, qtype = values(bf16, "blk.1.attn_norm.weight")
+    assert qtype == GGMLQuantizationType.F32 and np.array_equal(got, values(ref, "blk.1.attn_norm.weight")[0])
+
+
 def test_dense_entry_exports_every_block(tmp_path, tiny_gguf):
     summary = export(tmp_path, tiny_gguf, skip=())
     out = GGUFReader(summary.out)

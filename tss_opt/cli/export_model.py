@@ -1,4 +1,4 @@
-"""``python -m tss_opt.cli.export_model +domain=NAME out=DIR [format=hf|gguf] [outtype=f32|f16|q8_0]
+"""``python -m tss_opt.cli.export_model +domain=NAME out=DIR [format=hf|gguf] [outtype=f32|f16|bf16|q8_0]
 [gguf_source=FILE] [mapping_path=...] [force=true]``
 
 Writes the domain's sparse target with the mapping entry's layers deleted, the rest renumbered:

@@ -113,9 +113,11 @@ class ExportFormat(StrEnum):
 
 class GGUFOutType(StrEnum):
     """The tensor type of a GGUF export's matrices (1-D tensors, the norms, stay ``f32`` as in
-    llama.cpp's own converter): ``f32`` (the weights our engine runs, exactly), ``f16`` or
-    ``q8_0`` (8-bit blocks of 32 with one scale; llama.cpp's ``Q8_0``)."""
+    llama.cpp's own converter): ``f32`` (the weights our engine runs, exactly), ``f16``,
+    ``bf16`` (the float32 weights rounded to bfloat16, as our engine's ``dtype=bfloat16``
+    rounds them) or ``q8_0`` (8-bit blocks of 32 with one scale; llama.cpp's ``Q8_0``)."""
 
     f32 = "f32"
     f16 = "f16"
+    bf16 = "bf16"
     q8_0 = "q8_0"

@@ -141,7 +141,7 @@ class TSSConfig(ServeSettings):
     out: str | None = None  # format=hf: the checkpoint folder (new or empty); format=gguf: the folder of <model>-<domain>.gguf
     force: bool = False  # export an entry searched with scope=verify anyway (it then differs from the served target)
     format: ExportFormat = ExportFormat.hf  # hf (a checkpoint folder) or gguf (one file for llama.cpp / Ollama)
-    outtype: GGUFOutType | None = None  # format=gguf: f32 (default), f16 or q8_0
+    outtype: GGUFOutType | None = None  # format=gguf: f32 (default), f16, bf16 or q8_0
     gguf_source: str | None = None  # format=gguf: the dense GGUF to cut (default: the embedded model's own file)
 
     # launch: one local worker per listed device

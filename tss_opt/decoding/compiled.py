@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch._inductor.config
 
+from tss_opt.decoding.attention import verify_attention
 from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate, with_cache
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.target import TargetModel
@@ -105,6 +106,27 @@ def _layer_step(
     )
 
 
+def _head_step(norm: torch.nn.Module, head: torch.nn.Linear, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final norm and the output head over one position (the function compiled for a
+    plain step on a CPU). The head's one-row product is the step's largest (21 % of SmolLM2's
+    weights) and ``aten::mm`` reads it at about half a sum's rate (one thread, bfloat16:
+    3.7 ms against the 2 ms its 57 MB take); written as a multiply-and-sum, inductor fuses it
+    into one reduction kernel that streams the weights (what ``decompose_mm_pass`` does for
+    the layers' products, which it leaves alone above 2048 outputs).
+
+    Args:
+        hidden: ``(1, 1, hidden)``.
+
+    Returns:
+        ``(logits, normed)`` of shapes ``(1, 1, vocab)`` and ``(1, 1, hidden)``.
+    """
+    normed = norm(hidden)
+    logits = (head.weight * normed[:, :, None, :]).sum(-1)  # [1, 1, V]: accumulated in float32
+    if head.bias is not None:
+        logits = logits + head.bias
+    return logits, normed
+
+
 class CompiledTarget(TargetModel):
     """A :class:`TargetModel` whose verification forwards run one compiled decoder layer.
 
@@ -159,6 +181,10 @@ class CompiledTarget(TargetModel):
         # process) would otherwise share, and exhaust, one cache.
         fn = types.FunctionType(_layer_step.__code__.replace(), _layer_step.__globals__, "_layer_step")
         self._step = torch.compile(fn, backend=counting, fullgraph=True, dynamic=False)
+        self._head: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        if self.device.type == "cpu" and isinstance(self.lm_head, torch.nn.Linear):
+            head = types.FunctionType(_head_step.__code__.replace(), _head_step.__globals__, "_head_step")
+            self._head = torch.compile(head, backend=counting, fullgraph=True, dynamic=False)
 
     @torch.inference_mode()
     def verify_forward(
@@ -192,6 +218,20 @@ class CompiledTarget(TargetModel):
         mask = self._mask(tree, prefix_len, bucket, window)
         hidden = self.decoder.embed_tokens(ids)  # [1, B, H]
         cos, sin = self.decoder.rotary_emb(hidden, position_ids=pos)
+        with verify_attention(self.model):  # traced into the graph: the eager step's attention
+            hidden = self._layers(hidden, mask, cos, sin, pos, slots, cache, skip, prefix_len, n1, window)
+        if n1 == 1 and self._head is not None:  # a plain step on a CPU: one graph for the norm and the head
+            logits, normed = self._head(self.decoder.norm, self.lm_head, hidden[:, :1])
+            return logits[0], normed[0]
+        hidden = self.decoder.norm(hidden)[0, :n1]  # [n+1, H]
+        return self.lm_head(hidden), hidden
+
+    def _layers(
+        self, hidden: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+        slots: torch.Tensor, cache: SkipAwareCache, skip: frozenset[int], prefix_len: int, n1: int, window: int,
+    ) -> torch.Tensor:
+        """Every running layer through the compiled graph (``(1, B, hidden)`` in and out)."""
+        ctr = self.skipper
         for idx, layer in enumerate(self.layers):
             if idx in skip:
                 continue  # bypass: the block's input flows on (skip.py's rule, outside the graph)
@@ -206,8 +246,7 @@ class CompiledTarget(TargetModel):
             ctr.executed_layers += 1
             hidden = self._step(layer, hidden, mask, cos, sin, pos, keys, values, slots)
             kv.set_length(prefix_len + n1)  # the pad slots' keys/values stay outside
-        hidden = self.decoder.norm(hidden)[0, :n1]  # [n+1, H]
-        return self.lm_head(hidden), hidden
+        return hidden
 
     def _mask(self, tree: DraftTree, prefix_len: int, bucket: int, window: int) -> torch.Tensor:
         """Additive ``(1, 1, bucket, window)`` mask: the prefix and each slot's ancestors are

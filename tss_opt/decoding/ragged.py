@@ -8,9 +8,9 @@ output head) runs once for the whole batch: on a GPU, and on a CPU for small row
 of ``T`` tokens costs about what one of a single token costs, since it reads the weights once.
 
 Only attention is per row: each row attends to its own cache with its own mask (causal for a
-prompt, the tree mask of :meth:`TargetModel.tree_mask` for a step), through transformers'
-own SDPA attention, exactly as :meth:`TargetModel.prefill` and ``verify_forward`` do for one
-request. It plugs in through transformers' public extension points: an attention function
+prompt, the tree mask of :meth:`TargetModel.tree_mask` for a step), through the attention a
+request decoded alone runs (:func:`~tss_opt.decoding.attention.attend`: transformers' SDPA, or
+its float32 math for a step's few positions in half precision on a CPU). It plugs in through transformers' public extension points: an attention function
 registered with ``AttentionInterface`` (selected for the forward by
 :func:`ragged_attention`) and a cache object whose ``update`` writes each row's keys into
 that row's cache. Per-row skip sets go through the project's one skip mechanism
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from tss_opt.decoding.attention import attend
 from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import RaggedPlan
@@ -125,8 +125,8 @@ def _attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Each running row's queries against its own cache (transformers' SDPA attention, the
-    same call a request decoded alone makes).
+    """Each running row's queries against its own cache (:func:`~tss_opt.decoding.attention.attend`,
+    the same call a request decoded alone makes).
 
     Args:
         query: ``[1, H, T_sub, D]``: the running rows' tokens, row after row.
@@ -140,9 +140,7 @@ def _attention(
     for r in plan.active:
         n = plan.lengths[r]
         k, v = cache.kv[r]  # type: ignore[misc]
-        out, _ = sdpa_attention_forward(
-            module, query[:, :, off : off + n], k, v, cache.masks[r], dropout=dropout, scaling=scaling
-        )
+        out, _ = attend(module, query[:, :, off : off + n], k, v, cache.masks[r], dropout=dropout, scaling=scaling)
         outs.append(out)
         off += n
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), None

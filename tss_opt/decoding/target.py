@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from tss_opt.decoding.attention import verify_attention
 from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import SkipController
@@ -131,7 +132,8 @@ class TargetModel:
         both = upload(host, self.device)
         ids, pos = both[0:1], both[1:2]  # [1, n+1] each
         mask = self.tree_mask(tree, prefix_len)
-        out = self.decoder(input_ids=ids, position_ids=pos, attention_mask=mask, **with_cache(cache), use_cache=True)
+        with verify_attention(self.model):  # a step's few positions: SDPA's CPU kernel is slow there in half precision
+            out = self.decoder(input_ids=ids, position_ids=pos, attention_mask=mask, **with_cache(cache), use_cache=True)
         hidden = out.last_hidden_state[0]  # [n+1, H]
         return self.lm_head(hidden), hidden
 

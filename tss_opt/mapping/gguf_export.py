@@ -18,7 +18,7 @@ as JSON in ``tss.export``) and into a model card beside it (:mod:`tss_opt.mappin
 Exactness: with ``outtype=f32`` the tensors are the source's dequantized values, the weights
 our engine runs (transformers dequantizes the same file with the same ``gguf`` functions), so
 llama.cpp's greedy tokens equal our engine's in scope ``all`` up to float32 rounding
-(tests/mapping/test_gguf_llama.py); ``f16`` and ``q8_0`` round the weights once more.
+(tests/mapping/test_gguf_llama.py); ``f16``, ``bf16`` and ``q8_0`` round the weights once more.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class GGUFExportSummary(ExportSummary):
 
     Attributes:
         card: The model card written beside it (``<model>-<domain>.md``).
-        outtype: The matrices' tensor type (``f32``, ``f16``, ``q8_0``).
+        outtype: The matrices' tensor type (``f32``, ``f16``, ``bf16``, ``q8_0``).
         source_gguf: The dense GGUF it was cut from.
     """
 
@@ -200,6 +200,8 @@ def _out_type(tensor: ReaderTensor, outtype: GGUFOutType) -> Any:
         return GGMLQuantizationType.F32
     if outtype is GGUFOutType.f16:
         return GGMLQuantizationType.F16
+    if outtype is GGUFOutType.bf16:
+        return GGMLQuantizationType.BF16
     block = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
     return GGMLQuantizationType.Q8_0 if int(tensor.shape[0]) % block == 0 else GGMLQuantizationType.F16
 
@@ -245,6 +247,7 @@ def _copy_metadata(
     file_types = {
         GGUFOutType.f32: LlamaFileType.ALL_F32,
         GGUFOutType.f16: LlamaFileType.MOSTLY_F16,
+        GGUFOutType.bf16: LlamaFileType.MOSTLY_BF16,
         GGUFOutType.q8_0: LlamaFileType.MOSTLY_Q8_0,
     }
     for field in reader.fields.values():
@@ -434,7 +437,7 @@ def export_domain_gguf(
         model_name: The model's config name (``smollm2_135m``): the file's prefix.
         model_id: The model's id, checked against the mapping's.
         num_layers: Its layer count (the source's block count must equal it).
-        outtype: ``f32`` (the engine's weights exactly), ``f16`` or ``q8_0``.
+        outtype: ``f32`` (the engine's weights exactly), ``f16``, ``bf16`` or ``q8_0``.
         force: Export an entry of scope ``verify`` although the file then differs from the
             served target (its prefill is sparse too).
         progress: Called with one line per stage.
