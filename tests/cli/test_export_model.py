@@ -142,7 +142,7 @@ def test_gguf_bad_input_is_one_line_and_exit_2(tmp_path, mapping, args, message)
 
 def test_unknown_format_or_outtype_fails_at_compose_time_with_the_options(tmp_path, mapping):
     res = run(tmp_path, "+model=tiny", "+domain=qa", "out=o", "format=gguf", "outtype=q4", f"mapping_path={mapping}")
-    assert res.returncode != 0 and "Invalid value 'q4', expected one of [f32, f16, q8_0]" in res.stderr
+    assert res.returncode != 0 and "Invalid value 'q4', expected one of [f32, f16, bf16, q8_0]" in res.stderr
     res = run(tmp_path, "+model=tiny", "+domain=qa", "out=o", "format=ggml", f"mapping_path={mapping}")
     assert res.returncode != 0 and "Invalid value 'ggml', expected one of [hf, gguf]" in res.stderr
 

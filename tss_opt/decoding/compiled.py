@@ -17,6 +17,9 @@ recompiles. Shapes repeat so the graphs are reused:
   buffer rounded up to :data:`KEY_BLOCK` positions, marked dynamic (one graph for every
   cached length); the additive 4-D mask hides the unwritten slots of the window.
 
+On a CPU a plain step (one slot) also runs the final norm and the output head as a second
+graph (:func:`_head_step`: the head's one-row product fused into one streaming reduction).
+Attention in half precision is :func:`~tss_opt.decoding.attention.attend`, traced into the graph.
 The prefill and trees larger than the largest bucket run eagerly (the parent's forward).
 The batch engine (``decoding/batch.py``, ``ragged.py``; the replay evaluator generates with it)
 calls the model itself and stays eager on a compiled target; :meth:`CompiledTarget.verify_forward`

@@ -10,8 +10,8 @@ of ``T`` tokens costs about what one of a single token costs, since it reads the
 Only attention is per row: each row attends to its own cache with its own mask (causal for a
 prompt, the tree mask of :meth:`TargetModel.tree_mask` for a step), through the attention a
 request decoded alone runs (:func:`~tss_opt.decoding.attention.attend`: transformers' SDPA, or
-its float32 math for a step's few positions in half precision on a CPU). It plugs in through transformers' public extension points: an attention function
-registered with ``AttentionInterface`` (selected for the forward by
+its float32 math for a step's few positions in half precision on a CPU). It plugs in through
+transformers' public extension points: an attention function registered with ``AttentionInterface`` (selected for the forward by
 :func:`ragged_attention`) and a cache object whose ``update`` writes each row's keys into
 that row's cache. Per-row skip sets go through the project's one skip mechanism
 (:meth:`SkipController.apply_ragged`): a layer runs on the tokens of the rows that do not

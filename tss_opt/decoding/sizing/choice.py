@@ -36,7 +36,7 @@ plain decoding costs nothing. Measured before the margin (benchmarks/decode.py, 
 771-token prompts): prompt lookup sized to 7 nodes for an expected 4 % gain ran at 0.85x plain."""
 
 __all__ = [
-    "COPY_CHAIN_PRIOR", "MODEL_CHAIN_PRIOR", "RANK_PRIOR", "AcceptanceProfile", "Prior", "TreeChoice", "best_tree", "choose_tree",
+    "COPY_CHAIN_PRIOR", "MODEL_CHAIN_PRIOR", "RANK_PRIOR", "SPECULATION_MARGIN", "AcceptanceProfile", "Prior", "TreeChoice", "best_tree", "choose_tree",
     "sibling_ranks",
 ]
 
