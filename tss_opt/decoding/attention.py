@@ -33,7 +33,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-__all__ = ["ATTENTION_NAME", "SHORT_QUERY", "attend", "short_query_attention", "verify_attention"]
+from tss_opt.decoding.lossless import HALF_DTYPES
+
+__all__ = ["ATTENTION_NAME", "SHORT_QUERY", "attend", "attention_selected", "short_query_attention", "verify_attention"]
 
 ATTENTION_NAME = "tss_verify"
 
@@ -42,14 +44,11 @@ SHORT_QUERY = 4
 faster than the flash kernel from 1 to 4 positions at 128-2048 cached keys; at 16 the two are
 even)."""
 
-_HALF = (torch.bfloat16, torch.float16)
-
-
 def _short(query: torch.Tensor, attention_mask: torch.Tensor | None, module: torch.nn.Module) -> bool:
     """Whether the float32 math path applies (see the module's docstring)."""
     return (
         query.device.type == "cpu"
-        and query.dtype in _HALF
+        and query.dtype in HALF_DTYPES
         and query.shape[2] <= SHORT_QUERY
         and (attention_mask is not None or query.shape[2] == 1)
         and getattr(module, "sinks", None) is None
@@ -124,16 +123,25 @@ AttentionInterface.register(ATTENTION_NAME, attend)
 
 
 @contextmanager
-def verify_attention(model: Any) -> Iterator[None]:
-    """Select :func:`attend` for the forwards in the body when the model runs SDPA (another
-    implementation is left alone); the model's own returns on exit, always."""
+def attention_selected(model: Any, name: str) -> Iterator[None]:
+    """The registered attention ``name`` for the forwards in the body; the model's own
+    implementation returns on exit, always (the one way this project switches attention:
+    here and for the ragged forward)."""
     config = model.config
     before = config._attn_implementation
-    if before != "sdpa":
-        yield
-        return
-    config._attn_implementation = ATTENTION_NAME
+    config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = before
+
+
+@contextmanager
+def verify_attention(model: Any) -> Iterator[None]:
+    """Select :func:`attend` for the forwards in the body when the model runs SDPA (another
+    implementation is left alone); the model's own returns on exit, always."""
+    if model.config._attn_implementation != "sdpa":
+        yield
+        return
+    with attention_selected(model, ATTENTION_NAME):
+        yield

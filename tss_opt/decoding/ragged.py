@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from transformers import AttentionInterface
 
-from tss_opt.decoding.attention import attend
+from tss_opt.decoding.attention import attend, attention_selected
 from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.skip import RaggedPlan
@@ -152,14 +152,9 @@ AttentionInterface.register(ATTENTION_NAME, _attention)
 @contextmanager
 def ragged_attention(model: Any) -> Iterator[None]:
     """Select the ragged attention for the forwards in the body; the model's own
-    implementation returns on exit, always (a temporary change goes through ``finally``)."""
-    config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = ATTENTION_NAME
-    try:
+    implementation returns on exit, always."""
+    with attention_selected(model, ATTENTION_NAME):
         yield
-    finally:
-        config._attn_implementation = before
 
 
 @torch.inference_mode()
