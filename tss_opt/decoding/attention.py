@@ -33,7 +33,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from tss_opt.decoding.lossless import HALF_DTYPES
+from tss_opt.decoding.dtypes import HALF_DTYPES
 
 __all__ = ["ATTENTION_NAME", "SHORT_QUERY", "attend", "attention_selected", "short_query_attention", "verify_attention"]
 

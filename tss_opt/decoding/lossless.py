@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from tss_opt.decoding.dtypes import HALF_DTYPES
+
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
 
@@ -59,9 +61,6 @@ __all__ = [
 TIE_ULPS = 4
 """Units in the last place of the largest logit within which a half-precision divergence
 counts as a near-tie (module docstring: why four)."""
-HALF_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
-"""The dtypes whose near-ties may flip between verification and plain decoding; others must
-give equal tokens."""
 
 Verdict = Literal["identical", "near_tie", "diverged"]
 
