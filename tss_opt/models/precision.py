@@ -5,9 +5,10 @@ Two purposes want different precisions:
 
 - ``decode`` (generate, serve, evaluate, profile): the fastest precision the device computes
   natively. On a CPU that is bfloat16 when its flags include native bf16 dot products
-  (``avx512_bf16`` or ``amx_bf16``; measured here: SmolLM2-135M decodes 1.4-1.8x faster in
-  bfloat16 than in float32, docs/engine.md "Precision"), float32 otherwise (emulated bf16 is
-  slower than float32). On CUDA: bfloat16 where ``torch.cuda.is_bf16_supported()``, else
+  (``avx512_bf16`` or ``amx_bf16``; measured on two such CPUs: SmolLM2-135M decodes
+  1.4-1.8x faster in bfloat16 than in float32 on an AMD EPYC, and the server and the best
+  drafter gain 1.2-1.7x on an Intel Xeon with AMX, whose eager one-row steps gain nothing;
+  docs/configuration.md "dtype=auto"), float32 otherwise (emulated bf16 is slower than float32). On CUDA: bfloat16 where ``torch.cuda.is_bf16_supported()``, else
   float16 (the paper's setting).
 - ``search`` (the study, compare, sweep, report, training): the precision its exactness rule
   needs. On a CPU that is float32: the replay evaluator reproduces the engine only in
