@@ -38,6 +38,7 @@ import torch._inductor.config
 from tss_opt.decoding.attention import verify_attention
 from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate, with_cache
 from tss_opt.decoding.host_syncs import upload
+from tss_opt.decoding.linear import packed_linears
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.errors import TSSError
@@ -227,7 +228,8 @@ class CompiledTarget(TargetModel):
             logits, normed = self._head(self.decoder.norm, self.lm_head, hidden[:, :1])
             return logits[0], normed[0]
         hidden = self.decoder.norm(hidden)[0, :n1]  # [n+1, H]
-        return self.lm_head(hidden), hidden
+        with packed_linears():  # the head runs eagerly here: prepacked where it applies (linear.py)
+            return self.lm_head(hidden), hidden
 
     def _layers(
         self, hidden: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,

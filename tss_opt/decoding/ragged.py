@@ -36,6 +36,7 @@ from transformers import AttentionInterface
 from tss_opt.decoding.attention import attend, attention_selected
 from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.host_syncs import upload
+from tss_opt.decoding.linear import packed_linears
 from tss_opt.decoding.skip import RaggedPlan
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
@@ -188,7 +189,7 @@ def ragged_forward(target: TargetModel, rows: Sequence[RaggedRow]) -> list[RowOu
             cache.masks[i] = target.tree_mask(tree, row.prefix_len)
     # ids and positions built on the host, uploaded together (one copy, no stream sync).
     both = upload(torch.stack([torch.cat(ids), torch.cat(pos)]), device)  # [2, T]
-    with target.skipper.apply_ragged(plan), ragged_attention(target.model):
+    with target.skipper.apply_ragged(plan), ragged_attention(target.model), packed_linears():
         out = target.decoder(
             input_ids=both[0:1], position_ids=both[1:2], **with_cache(cache), use_cache=True, **{_KWARG: cache}
         )
@@ -199,7 +200,8 @@ def ragged_forward(target: TargetModel, rows: Sequence[RaggedRow]) -> list[RowOu
         for row, s, n in zip(rows, plan.starts, plan.lengths)
     ]
     sel = torch.cat(picks)
-    logits = target.lm_head(hidden.index_select(0, upload(sel, device)))  # [T_sel, V]
+    with packed_linears():  # the rows' few positions: prepacked where it applies (linear.py)
+        logits = target.lm_head(hidden.index_select(0, upload(sel, device)))  # [T_sel, V]
     outputs, off = [], 0
     for i, (s, n, p) in enumerate(zip(plan.starts, plan.lengths, picks)):
         k = int(p.numel())

@@ -21,6 +21,7 @@ from tss_opt.decoding.cache import SkipAwareCache, crop_to, with_cache
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter
 from tss_opt.decoding.drafters.building import WeightCache, builds, fixed_size, need_target
 from tss_opt.decoding.host_syncs import upload
+from tss_opt.decoding.linear import packed_linears
 from tss_opt.decoding.sizing import (
     AUTO,
     MODEL_CHAIN_PRIOR,
@@ -110,7 +111,10 @@ class DraftModelDrafter(Drafter):
         assert self._cache is not None
         start = self._cache.get_seq_length()
         pos = torch.arange(start, start + x.shape[1], device=self.device).unsqueeze(0)
-        out = self.model(input_ids=x, position_ids=pos, **with_cache(self._cache), use_cache=True, logits_to_keep=1)
+        # Prepacked products for a draft step's few rows where the model's layers were packed
+        # (the target's own, for self-drafting in bfloat16 on a CPU: decoding/linear.py).
+        with packed_linears():
+            out = self.model(input_ids=x, position_ids=pos, **with_cache(self._cache), use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
     def propose_within(self, context: torch.Tensor, max_depth: int) -> DraftTree:

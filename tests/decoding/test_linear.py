@@ -1,0 +1,121 @@
+"""Prepacked linear layers (tss_opt/decoding/linear.py): bfloat16 on a CPU, our forwards only,
+the same outputs as ``F.linear`` where they apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tss_opt.config.model import TinyConfig
+from tss_opt.decoding import linear
+from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.linear import PACK_MAX_ROWS, pack_linears, packed_linears, packing_supported
+from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
+from tss_opt.models.tiny import build_tiny_model
+
+CPU = torch.device("cpu")
+needs_bf16 = pytest.mark.skipif(
+    not packing_supported(CPU, torch.bfloat16), reason="this CPU's oneDNN has no bfloat16 products to prepack for"
+)
+
+
+def tiny(dtype: torch.dtype) -> torch.nn.Module:
+    return build_tiny_model(TinyConfig(), num_layers=3, seed=0, dtype=dtype).eval()
+
+
+def test_only_bfloat16_on_a_cpu_is_packed():
+    assert not packing_supported(CPU, torch.float32)
+    assert not packing_supported(CPU, torch.float64)
+    assert not packing_supported(torch.device("meta"), torch.bfloat16)
+    model = tiny(torch.float32)
+    assert pack_linears(model) == 0
+    assert all(not hasattr(m, "_tss_packed_weight") for m in model.modules())
+
+
+@needs_bf16
+def test_every_linear_is_packed_once_and_state_dict_is_unchanged():
+    model = tiny(torch.bfloat16)
+    keys = set(model.state_dict())
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert pack_linears(model) == len(linears) > 0
+    assert pack_linears(model) == 0  # idempotent
+    assert set(model.state_dict()) == keys  # the packed copies are no buffers: exports never see them
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 4, PACK_MAX_ROWS])
+def test_packed_product_equals_f_linear_bit_for_bit(rows):
+    layer = torch.nn.Linear(96, 200, bias=True).to(torch.bfloat16)
+    pack_linears(layer)
+    x = torch.randn(1, rows, 96).to(torch.bfloat16)
+    want = F.linear(x, layer.weight, layer.bias)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    linear_ops = torch.ops.mkldnn
+    try:
+        # The packed path must actually run inside the context, and only there.
+        torch.ops.mkldnn._linear_pointwise = spy  # type: ignore[attr-defined]
+        outside = layer(x)
+        with packed_linears():
+            inside = layer(x)
+    finally:
+        linear_ops._linear_pointwise = real  # type: ignore[attr-defined]
+    assert calls == [x.shape]
+    assert torch.equal(outside, want) and torch.equal(inside, want)
+
+
+@needs_bf16
+def test_more_rows_than_the_bound_keep_f_linear():
+    layer = torch.nn.Linear(32, 48, bias=False).to(torch.bfloat16)
+    pack_linears(layer)
+    x = torch.randn(PACK_MAX_ROWS + 1, 32).to(torch.bfloat16)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    try:
+        torch.ops.mkldnn._linear_pointwise = lambda *a: calls.append(1) or real(*a)  # type: ignore[attr-defined]
+        with packed_linears():
+            out = layer(x)
+    finally:
+        torch.ops.mkldnn._linear_pointwise = real  # type: ignore[attr-defined]
+    assert calls == []
+    assert torch.equal(out, F.linear(x, layer.weight))
+
+
+@needs_bf16
+def test_a_bfloat16_target_decodes_the_same_tokens_packed_and_unpacked(monkeypatch):
+    """The whole target: verification logits and greedy tokens with the packed products equal
+    those of F.linear (PACK_MAX_ROWS = 0 turns the packed path off)."""
+    target = TargetModel(tiny(torch.bfloat16))
+    assert all(hasattr(m, "_tss_packed_weight") for m in target.model.modules() if isinstance(m, torch.nn.Linear))
+    prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
+    tree = DraftTree(tokens=torch.tensor([3, 4, 5, 6]), parents=(-1, 0, 0, 2))
+
+    def run() -> tuple[torch.Tensor, list[int]]:
+        cache = target.new_cache()
+        logits, _ = target.prefill(prompt, cache)
+        verified, _ = target.verify_forward(int(logits[-1].argmax()), tree, cache, len(prompt))
+        tokens = SpeculativeEngine(target).generate(prompt, max_new_tokens=12).tokens.tolist()
+        return verified, tokens
+
+    packed = run()
+    monkeypatch.setattr(linear, "PACK_MAX_ROWS", 0)
+    plain = run()
+    assert torch.equal(packed[0], plain[0])
+    assert packed[1] == plain[1]
+
+
+@needs_bf16
+def test_a_model_cast_after_packing_keeps_f_linear():
+    layer = torch.nn.Linear(32, 48).to(torch.bfloat16)
+    pack_linears(layer)
+    layer.float()
+    x = torch.randn(2, 32)
+    with packed_linears():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
