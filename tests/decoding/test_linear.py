@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from tss_opt.config.model import TinyConfig
 from tss_opt.decoding import linear
 from tss_opt.decoding.engine import SpeculativeEngine
-from tss_opt.decoding.linear import PACK_MAX_ROWS, pack_linears, packed_linears, packing_supported
+from tss_opt.decoding.linear import (
+    PACK_MAX_ROWS,
+    is_packed,
+    pack_linears,
+    packed_linears,
+    packing_supported,
+)
+from tss_opt.decoding.sizing import hardware_key
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.models.tiny import build_tiny_model
@@ -119,3 +126,14 @@ def test_a_model_cast_after_packing_keeps_f_linear():
     x = torch.randn(2, 32)
     with packed_linears():
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+@needs_bf16
+def test_latency_tables_of_a_packed_target_have_their_own_key():
+    """A table measured with F.linear's per-call reorder must not size a packed target."""
+    packed = TargetModel(tiny(torch.bfloat16))
+    assert packed.packed and is_packed(packed.model)
+    unpacked = TargetModel(tiny(torch.float32))
+    assert not unpacked.packed
+    assert hardware_key(packed)["model"].endswith(" packed")
+    assert not hardware_key(unpacked)["model"].endswith(" packed")

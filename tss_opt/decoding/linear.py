@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PACK_MAX_ROWS", "pack_linears", "packed_linears", "packing_supported"]
+__all__ = ["PACK_MAX_ROWS", "is_packed", "pack_linears", "packed_linears", "packing_supported"]
 
 PACK_MAX_ROWS = 16
 """Rows (tokens) up to which a layer uses its prepacked weight: the measured range where the
@@ -105,6 +105,12 @@ def pack_linears(model: Any) -> int:
         m.forward = types.MethodType(_forward, m)
     log.debug("packed %d bfloat16 linear layers for oneDNN (%.0f MB)", len(todo), need / 1e6)
     return len(todo)
+
+
+def is_packed(model: Any) -> bool:
+    """Whether any linear layer of ``model`` holds a packed weight (its steps cost differently:
+    latency tables are keyed by it, decoding/sizing/latency.py)."""
+    return any(hasattr(m, _PACKED) for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import torch
 from tss_opt.decoding.attention import verify_attention
 from tss_opt.decoding.cache import SkipAwareCache, with_cache
 from tss_opt.decoding.host_syncs import upload
-from tss_opt.decoding.linear import pack_linears, packed_linears
+from tss_opt.decoding.linear import is_packed, pack_linears, packed_linears
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.errors import TSSError
@@ -65,6 +65,7 @@ class TargetModel:
         # forwards (packed_linears) for a step's few rows (decoding/linear.py: 1.5-2.6x faster
         # products, the same outputs); a no-op for any other dtype or device.
         pack_linears(model)
+        self.packed = is_packed(model)
 
     def skip(self, layers: Iterable[int]) -> AbstractContextManager[frozenset[int]]:
         """Context manager: bypass ``layers`` (the project's one skip mechanism)."""

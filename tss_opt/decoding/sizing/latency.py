@@ -128,6 +128,8 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
     name = f"{name} L{cfg.num_hidden_layers} H{cfg.hidden_size}"
     if target.compiled:  # a compiled step has its own costs (decoding/compiled.py)
         name += " compiled"
+    if getattr(target, "packed", False):  # so do prepacked bfloat16 products (decoding/linear.py)
+        name += " packed"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
 
