@@ -68,6 +68,7 @@ from tss_opt.decoding.target import TargetModel  # noqa: E402
 from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
 from tss_opt.mapping import MappingEntry, load_mapping, write_entry  # noqa: E402
 from tss_opt.mapping.gguf_export import export_domain_gguf, source_gguf_path  # noqa: E402
+from tss_opt.mapping.llama_runner import open_llama  # noqa: E402
 from tss_opt.models import ModelConfig, load_model, model_id_for  # noqa: E402
 
 
@@ -105,19 +106,24 @@ class Arm:
 Run = tuple[list[int], float, float]  # tokens, seconds to the first, seconds to the last
 
 
-def llama_run(path: str, threads: int, n_ctx: int, lookup: int = 0) -> Callable[[list[int], int], Run]:
+def llama_run(path: str, threads: int, n_ctx: int, lookup: int = 0, quantized: bool = False) -> Callable[[list[int], int], Run]:
     """llama.cpp's greedy decoding of ``path``; ``lookup`` > 0 adds llama-cpp-python's prompt
-    lookup drafter (that many tokens; llama.cpp verifies the drafts in one batch)."""
-    from llama_cpp import Llama
+    lookup drafter (that many tokens; llama.cpp verifies the drafts in one batch); ``quantized``:
+    the file's matrices are a quantized type (q8_0)."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
     # A drafter needs every position's logits; llama-cpp-python sizes its logits buffer from the
-    # logits_all argument (not from the drafter), so it is passed explicitly.
-    llm = Llama(
-        model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0,
+    # logits_all argument (not from the drafter), so it is passed explicitly. A quantized file
+    # on a CPU with AMX loads without weight repacking, which crashes there (llama_runner.py).
+    load = open_llama(
+        path, quantized=quantized, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0,
         draft_model=draft, logits_all=draft is not None,
     )
+    if not load.repacking:
+        print(f"{Path(path).name}: llama.cpp loaded without weight repacking (a quantized file on a CPU with AMX, "
+              "where it crashes: tss_opt/mapping/llama_runner.py); its speed is the generic CPU kernels'", flush=True)
+    llm = load.llm
 
     def run(ids: list[int], n: int) -> Run:
         llm.reset()  # no prefix reuse between prompts or arms
@@ -208,11 +214,13 @@ def main() -> None:
             size = Path(summary.out).stat().st_size / 2**20
             print(f"exported {label} {outtype}: {summary.layers} blocks, {size:.0f} MiB in {time.perf_counter() - t0:.1f} s",
                   flush=True)
-            arms.append(Arm(f"llama.cpp {outtype} GGUF", "llama.cpp", label, llama_run(summary.out, args.threads, n_ctx)))
+            quantized = outtype not in ("f32", "f16", "bf16")
+            arms.append(Arm(f"llama.cpp {outtype} GGUF", "llama.cpp", label,
+                            llama_run(summary.out, args.threads, n_ctx, quantized=quantized)))
             if outtype == outtypes[0] and args.lookup:
                 arms.append(Arm(
                     f"llama.cpp {outtype} GGUF + prompt lookup ({args.lookup})", "llama.cpp", label,
-                    llama_run(summary.out, args.threads, n_ctx, args.lookup),
+                    llama_run(summary.out, args.threads, n_ctx, args.lookup, quantized=quantized),
                 ))
     arms += ours_arms(args, domain, skip, sparse_label)
     if not any(a.label == "ours: plain decoding (float32)" for a in arms):
