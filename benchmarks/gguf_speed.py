@@ -60,6 +60,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from tss_opt.assembly import assemble, compose_config  # noqa: E402
 from tss_opt.config import config_dir  # noqa: E402
+from tss_opt.config.enums import GGUFOutType  # noqa: E402
 from tss_opt.decoding.drafters import build_drafter  # noqa: E402
 from tss_opt.decoding.engine import SpeculativeEngine  # noqa: E402
 from tss_opt.decoding.lossless import check_lossless  # noqa: E402
@@ -214,7 +215,7 @@ def main() -> None:
             size = Path(summary.out).stat().st_size / 2**20
             print(f"exported {label} {outtype}: {summary.layers} blocks, {size:.0f} MiB in {time.perf_counter() - t0:.1f} s",
                   flush=True)
-            quantized = outtype not in ("f32", "f16", "bf16")
+            quantized = GGUFOutType(outtype).quantized
             arms.append(Arm(f"llama.cpp {outtype} GGUF", "llama.cpp", label,
                             llama_run(summary.out, args.threads, n_ctx, quantized=quantized)))
             if outtype == outtypes[0] and args.lookup:

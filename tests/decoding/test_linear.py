@@ -51,46 +51,43 @@ def test_every_linear_is_packed_once_and_state_dict_is_unchanged():
     assert set(model.state_dict()) == keys  # the packed copies are no buffers: exports never see them
 
 
-@needs_bf16
-@pytest.mark.parametrize("rows", [1, 4, PACK_MAX_ROWS])
-def test_packed_product_equals_f_linear_bit_for_bit(rows):
-    layer = torch.nn.Linear(96, 200, bias=True).to(torch.bfloat16)
-    pack_linears(layer)
-    x = torch.randn(1, rows, 96).to(torch.bfloat16)
-    want = F.linear(x, layer.weight, layer.bias)
-    calls = []
+def spy_packed_products(monkeypatch) -> list[torch.Size]:
+    """Record the input shape of every prepacked product (they still run)."""
+    calls: list[torch.Size] = []
     real = torch.ops.mkldnn._linear_pointwise
 
     def spy(*args):
         calls.append(args[0].shape)
         return real(*args)
 
-    linear_ops = torch.ops.mkldnn
-    try:
-        # The packed path must actually run inside the context, and only there.
-        torch.ops.mkldnn._linear_pointwise = spy  # type: ignore[attr-defined]
-        outside = layer(x)
-        with packed_linears():
-            inside = layer(x)
-    finally:
-        linear_ops._linear_pointwise = real  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    return calls
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 4, PACK_MAX_ROWS])
+def test_packed_product_equals_f_linear_bit_for_bit(rows, monkeypatch):
+    layer = torch.nn.Linear(96, 200, bias=True).to(torch.bfloat16)
+    pack_linears(layer)
+    x = torch.randn(1, rows, 96).to(torch.bfloat16)
+    want = F.linear(x, layer.weight, layer.bias)
+    calls = spy_packed_products(monkeypatch)
+    # The packed path must actually run inside the context, and only there.
+    outside = layer(x)
+    with packed_linears():
+        inside = layer(x)
     assert calls == [x.shape]
     assert torch.equal(outside, want) and torch.equal(inside, want)
 
 
 @needs_bf16
-def test_more_rows_than_the_bound_keep_f_linear():
+def test_more_rows_than_the_bound_keep_f_linear(monkeypatch):
     layer = torch.nn.Linear(32, 48, bias=False).to(torch.bfloat16)
     pack_linears(layer)
     x = torch.randn(PACK_MAX_ROWS + 1, 32).to(torch.bfloat16)
-    calls = []
-    real = torch.ops.mkldnn._linear_pointwise
-    try:
-        torch.ops.mkldnn._linear_pointwise = lambda *a: calls.append(1) or real(*a)  # type: ignore[attr-defined]
-        with packed_linears():
-            out = layer(x)
-    finally:
-        torch.ops.mkldnn._linear_pointwise = real  # type: ignore[attr-defined]
+    calls = spy_packed_products(monkeypatch)
+    with packed_linears():
+        out = layer(x)
     assert calls == []
     assert torch.equal(out, F.linear(x, layer.weight))
 

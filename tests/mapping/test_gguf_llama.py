@@ -24,6 +24,7 @@ import pytest
 import torch
 from test_mapping_file import entry
 
+from tss_opt.config.enums import GGUFOutType
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.skip import SkipController
 from tss_opt.decoding.target import TargetModel
@@ -158,7 +159,7 @@ def test_f16_and_q8_0_exports_agreement_with_the_f32_target(tmp_path, embedded, 
             model_name=mc.name, model_id=SMOL_ID, num_layers=30, outtype=outtype,
         )
         # q8_0 on a CPU with AMX: llama.cpp's weight repacking crashes there (llama_runner.py).
-        llm = open_llama(summary.out, quantized=outtype != "f16", n_ctx=1024, n_threads=1, n_threads_batch=1,
+        llm = open_llama(summary.out, quantized=GGUFOutType(outtype).quantized, n_ctx=1024, n_threads=1, n_threads_batch=1,
                          logits_all=True, verbose=False).llm
         same_prefix, total, identical, notes = 0, 0, 0, []
         for k, (prompt, mine) in enumerate(zip(prompts, ours)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tss_opt.config.enums import GGUFOutType
 from tss_opt.mapping.llama_runner import AMX_FLAG, repacking_crashes
 
 AMX = frozenset({"avx512f", "avx512_bf16", "amx_bf16", AMX_FLAG, "amx_tile"})
@@ -17,3 +18,7 @@ NO_AMX = frozenset({"avx512f", "avx512_bf16", "avx512_vnni"})
 )
 def test_repacking_is_off_only_for_quantized_files_on_amx(quantized, flags, off):
     assert repacking_crashes(quantized, flags) is off
+
+
+def test_only_q8_0_among_the_export_types_is_quantized():
+    assert [t.value for t in GGUFOutType if t.quantized] == ["q8_0"]

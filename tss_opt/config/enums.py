@@ -121,3 +121,9 @@ class GGUFOutType(StrEnum):
     f16 = "f16"
     bf16 = "bf16"
     q8_0 = "q8_0"
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the matrices are a quantized type (blocks with scales), not a float type:
+        llama.cpp repacks those at load (tss_opt/mapping/llama_runner.py)."""
+        return self not in (GGUFOutType.f32, GGUFOutType.f16, GGUFOutType.bf16)
