@@ -8,7 +8,11 @@ Two purposes want different precisions:
   (``avx512_bf16`` or ``amx_bf16``; measured on two such CPUs: SmolLM2-135M decodes
   1.4-1.8x faster in bfloat16 than in float32 on an AMD EPYC, and the server and the best
   drafter gain 1.2-1.7x on an Intel Xeon with AMX, whose eager one-row steps gain nothing;
-  docs/configuration.md "dtype=auto"), float32 otherwise (emulated bf16 is slower than float32). On CUDA: bfloat16 where ``torch.cuda.is_bf16_supported()``, else
+  docs/configuration.md "dtype=auto"), float32 otherwise: without them every bf16 product is
+  converted to float32, so products with rows (a prompt, a verified tree, a batch) run up to
+  5x slower than in float32, while a one-row step, which mostly reads the weights, gains from
+  reading half the bytes (an AMD EPYC with AVX2 only, ``benchmarks/precision_rows.py``: plain
+  decoding 1.14x faster, a 64-token prefill 6x and 16 verified nodes 3.2x slower). On CUDA: bfloat16 where ``torch.cuda.is_bf16_supported()``, else
   float16 (the paper's setting).
 - ``search`` (the study, compare, sweep, report, training): the precision its exactness rule
   needs. On a CPU that is float32: the replay evaluator reproduces the engine only in
@@ -150,8 +154,8 @@ def choose_dtype(
         )
     return DtypeChoice(
         "float32",
-        f"decode on cpu: the CPU flags include none of {', '.join(BF16_CPU_FLAGS)} (bfloat16 would be "
-        "emulated, slower than float32)",
+        f"decode on cpu: the CPU flags include none of {', '.join(BF16_CPU_FLAGS)} (bfloat16 products "
+        "would be converted to float32: prompts, verification and batches slower than in float32)",
         auto=True,
     )
 
