@@ -10,10 +10,10 @@ Two purposes want different precisions:
   drafter gain 1.2-1.7x on an Intel Xeon with AMX, whose eager one-row steps gain nothing;
   docs/configuration.md "dtype=auto"), float32 otherwise: without them every bf16 product is
   converted to float32, so products with rows (a prompt, a verified tree, a batch) run up to
-  5x slower than in float32, while a one-row step, which mostly reads the weights, gains from
+  6x slower than in float32, while a one-row step, which mostly reads the weights, gains from
   reading half the bytes (an AMD EPYC with AVX2 only, ``benchmarks/precision_rows.py``: plain
-  decoding 1.14x faster, a 64-token prefill 6x and 16 verified nodes 3.2x slower). On CUDA: bfloat16 where ``torch.cuda.is_bf16_supported()``, else
-  float16 (the paper's setting).
+  decoding 1.14x faster, a 64-token prefill 6x and 16 verified nodes 3.2x slower). On CUDA:
+  bfloat16 where ``torch.cuda.is_bf16_supported()``, else float16 (the paper's setting).
 - ``search`` (the study, compare, sweep, report, training): the precision its exactness rule
   needs. On a CPU that is float32: the replay evaluator reproduces the engine only in
   float32/float64 (:data:`tss_opt.evaluation.choice.EXACT_BATCHING`), and a study's identity
@@ -56,8 +56,9 @@ AUTO = "auto"
 
 BF16_CPU_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
 """``/proc/cpuinfo`` flags of native bfloat16 dot products (AVX512-BF16's ``vdpbf16ps``,
-AMX's tile multiply): oneDNN runs bf16 matmuls on them; without them it converts to float32
-and bfloat16 is slower than float32."""
+AMX's tile multiply): oneDNN runs bf16 matmuls on them; without them every bf16 product is
+converted to float32, and products with rows (prompts, verification, batches) are slower than
+in float32."""
 
 Purpose = Literal["decode", "search"]
 PURPOSES: tuple[str, ...] = ("decode", "search")
