@@ -3,9 +3,11 @@
 The sparse target of SmolLM2-135M with layers {3, 14} deleted (scope ``all``) is exported
 through the real command, loaded with ``llama_cpp.Llama`` and decoded greedily by llama.cpp's
 own sampler from the same token ids as our engine's plain greedy decoding of the same skip
-set. f32: the tokens must be equal, and a divergence is reported with its position and both
-engines' logit gaps between the two candidates (two float32 engines may flip a near-tie).
-f16 and q8_0: the agreement is measured and printed (run with ``-s``), not asserted equal.
+set. f32: the tokens must be equal but where both engines see a near-tie (two float32 engines
+sum in different orders and may flip one: :data:`CROSS_ENGINE_TIE`), and fewer than half the
+prompts may part even so; a divergence is reported with its position and both engines' logit
+gaps between the two candidates. f16 and q8_0: the agreement is measured and printed (run
+with ``-s``), not asserted equal.
 
 Needs llama-cpp-python (the ``llama`` extra): skipped without it, a failure in CI
 (``TSS_TEST_REQUIRE_LLAMA=1``, tests/conftest.py).
@@ -49,6 +51,31 @@ TEXTS = [
 ]
 
 
+CROSS_ENGINE_TIE = 0.01
+"""Logits within which llama.cpp's float32 kernels and ours may order two tokens differently
+(different summation orders through 28 layers). Seen on an AMD EPYC with AVX2 only
+(2026-12-04): one flip in 4 prompts x 16 tokens, at gaps of 0.00055 (llama.cpp) and 0.00169
+(ours); on the AVX-512 CPUs before, none. A wrong export (a layer missing or misplaced,
+misnamed tensors) moves logits by whole units, far outside it."""
+
+
+@dataclass
+class Parting:
+    """Where the two greedy outputs part: the message, and each engine's logit gap between the
+    token it chose and the other's (None where the outputs only differ in length)."""
+
+    message: str
+    llama_gap: float | None = None
+    our_gap: float | None = None
+
+    def near_tie(self, tolerance: float = CROSS_ENGINE_TIE) -> bool:
+        return self.llama_gap is not None and self.our_gap is not None and max(
+            abs(self.llama_gap), abs(self.our_gap)) <= tolerance
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass
 class Run:
     tokens: list[int]
@@ -68,20 +95,24 @@ def llama_greedy(llm, prompt: list[int], eos: set[int]) -> Run:
     return Run(tokens, rows)
 
 
-def divergence(model, prompt: torch.Tensor, ours: list[int], theirs: Run, tokenizer) -> str | None:
+def divergence(model, prompt: torch.Tensor, ours: list[int], theirs: Run, tokenizer) -> Parting | None:
     """Where the two greedy outputs part, with each engine's logit gap between the two tokens."""
     pos = next((i for i, (a, b) in enumerate(zip(ours, theirs.tokens)) if a != b), None)
     if pos is None:
-        return None if len(ours) == len(theirs.tokens) else f"same tokens, lengths {len(ours)} vs {len(theirs.tokens)}"
+        if len(ours) == len(theirs.tokens):
+            return None
+        return Parting(f"same tokens, lengths {len(ours)} vs {len(theirs.tokens)}")
     a, b = theirs.tokens[pos], ours[pos]
     ids = torch.cat([prompt, torch.tensor(ours[:pos], dtype=prompt.dtype)])[None]
     with torch.inference_mode(), SkipController.for_model(model).apply(SKIP):
         logits = model(ids).logits[0, -1].float()  # [V], scope all: sparse over the whole input
     row = theirs.rows[pos]
-    return (
+    llama_gap, our_gap = row[a] - row[b], float(logits[b] - logits[a])
+    return Parting(
         f"first divergence at new token {pos}: llama.cpp {a} {tokenizer.decode([a])!r} vs ours {b} "
-        f"{tokenizer.decode([b])!r}; llama.cpp's logit gap (its - ours) {row[a] - row[b]:.5f}, "
-        f"our engine's (ours - its) {float(logits[b] - logits[a]):.5f}"
+        f"{tokenizer.decode([b])!r}; llama.cpp's logit gap (its - ours) {llama_gap:.5f}, "
+        f"our engine's (ours - its) {our_gap:.5f}",
+        llama_gap, our_gap,
     )
 
 
@@ -135,13 +166,15 @@ def test_llama_cpp_runs_the_f32_export_with_our_engines_greedy_tokens(
     llm = Llama(model_path=str(path), n_ctx=1024, n_threads=1, n_threads_batch=1, logits_all=True, verbose=False, seed=0)
     assert llm.n_vocab() == len(embedded.tokenizer) and llm.token_eos() == embedded.tokenizer.eos_token_id
     eos = {embedded.tokenizer.eos_token_id}
-    report = []
+    report, ties = [], []
     for k, (prompt, mine) in enumerate(zip(prompts, ours)):
         theirs = llama_greedy(llm, prompt.tolist(), eos)
         where = divergence(embedded.model, prompt, mine, theirs, embedded.tokenizer)
         if where:
-            report.append(f"prompt {k}: {where}")
+            (ties if where.near_tie() else report).append(f"prompt {k}: {where}")
+    print("\nf32 near-tie flips between the engines:", *ties or ["none"], sep="\n  ")
     assert not report, "llama.cpp's greedy tokens differ from our engine's:\n" + "\n".join(report)
+    assert len(ties) < len(prompts) / 2, "near-ties on half the prompts or more:\n" + "\n".join(ties)
     # The skip set changes the output on some prompt, or the equality would prove nothing.
     dense = SpeculativeEngine(TargetModel(embedded.model), eos_token_ids=list(eos))
     assert any(dense.generate(p, max_new_tokens=N_NEW).tokens.tolist() != mine for p, mine in zip(prompts, ours))
