@@ -55,8 +55,8 @@ CROSS_ENGINE_TIE = 0.01
 """Logits within which llama.cpp's float32 kernels and ours may order two tokens differently
 (different summation orders through 28 layers). Seen on an AMD EPYC with AVX2 only
 (2026-12-04): one flip in 4 prompts x 16 tokens, at gaps of 0.00055 (llama.cpp) and 0.00169
-(ours); on the AVX-512 CPUs before, none. A wrong export (a layer missing or misplaced,
-misnamed tensors) moves logits by whole units, far outside it."""
+(ours); on the AVX-512 CPUs before, none. What the test exists for (a layer missing or
+misplaced, misnamed tensors) changes a deep model's logits by far more (not measured here)."""
 
 
 @dataclass
