@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from tss_opt.config.model import TinyConfig
 from tss_opt.decoding import linear
+from tss_opt.decoding.cache import crop_to
+from tss_opt.decoding.compiled import CompiledTarget
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.linear import (
     PACK_MAX_ROWS,
@@ -52,15 +54,16 @@ def test_every_linear_is_packed_once_and_state_dict_is_unchanged():
 
 
 def spy_packed_products(monkeypatch) -> list[torch.Size]:
-    """Record the input shape of every prepacked product (they still run)."""
+    """Record the input shape of every prepacked product, eager or in a compiled graph (they
+    still run)."""
     calls: list[torch.Size] = []
-    real = torch.ops.mkldnn._linear_pointwise
+    real = linear._packed_product
 
-    def spy(*args):
-        calls.append(args[0].shape)
-        return real(*args)
+    def spy(x, packed, bias):
+        calls.append(x.shape)
+        return real(x, packed, bias)
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    monkeypatch.setattr(linear, "_packed_product", spy)
     return calls
 
 
@@ -134,3 +137,36 @@ def test_latency_tables_of_a_packed_target_have_their_own_key():
     assert not unpacked.packed
     assert hardware_key(packed)["model"].endswith(" packed")
     assert not hardware_key(unpacked)["model"].endswith(" packed")
+    # Nor a table of the compiled graphs from before they used the packed weights.
+    assert hardware_key(CompiledTarget(packed.model))["model"].endswith(" compiled packed+graph")
+
+
+@needs_bf16
+def test_a_compiled_step_of_several_slots_runs_the_packed_products_bit_for_bit(monkeypatch, one_thread):
+    """Inside the compiled graph a step of 2-16 slots takes the prepacked weights (through the
+    tss_opt::packed_linear operator) and its logits equal, bit for bit, those of the same graph
+    compiled with F.linear; a plain step keeps inductor's fused one-row product."""
+    prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
+    tree = DraftTree(tokens=torch.tensor([3, 4, 5, 6]), parents=(-1, 0, 0, 2))  # 5 slots: bucket 8
+    calls = spy_packed_products(monkeypatch)
+
+    def run(target: CompiledTarget) -> tuple[torch.Tensor, int, int]:
+        cache = target.new_cache()
+        logits, _ = target.prefill(prompt, cache)
+        calls.clear()  # the eager prefill's own packed products
+        verified, _ = target.verify_forward(int(logits[-1].argmax()), tree, cache, len(prompt))
+        in_tree = len(calls)
+        calls.clear()
+        crop_to(cache, len(prompt))
+        target.verify_forward(int(logits[-1].argmax()), DraftTree.empty(), cache, len(prompt))
+        return verified, in_tree, len(calls)
+
+    model = tiny(torch.bfloat16)
+    packed, in_tree, in_plain = run(CompiledTarget(model))
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert in_tree == linears  # every layer's products in the graph, and the eager head
+    assert in_plain == 0
+    monkeypatch.setattr(linear, "GRAPH_MIN_ROWS", PACK_MAX_ROWS + 1)  # a fresh graph with F.linear
+    plain, in_tree, _ = run(CompiledTarget(model))
+    assert in_tree == 1  # the eager head only
+    assert torch.equal(packed, plain)

@@ -13,11 +13,24 @@ token at all where it applies.
 
 :func:`pack_linears` reorders every ``nn.Linear`` weight of a bfloat16 model on a CPU once (a
 second copy of those weights: 269 MB for SmolLM2-135M) and makes the layer's forward take it
-inside :func:`packed_linears` for inputs of at most :data:`PACK_MAX_ROWS` rows. Outside it,
-and while ``torch.compile`` traces (the compiled step has its own fused products), the layer
-runs ``F.linear`` exactly as before: transformers' own ``generate`` on the same model (the
+inside :func:`packed_linears` for inputs of at most :data:`PACK_MAX_ROWS` rows. Outside it the
+layer runs ``F.linear`` exactly as before: transformers' own ``generate`` on the same model (the
 benchmarks' baseline) runs as shipped. float32 and float64 models are left alone (their
 products do not reorder).
+
+Inside ``torch.compile`` (the compiled step, ``decoding/compiled.py``) a packed layer takes its
+packed weight for 2 to :data:`PACK_MAX_ROWS` rows through :func:`packed_linear`, an operator of
+our own: inductor's lowering of oneDNN's ``_linear_pointwise`` accepts only weights frozen into
+the graph as constants (ours are graph inputs: one graph serves every layer), and its pattern
+passes would fuse the residual add into the product, which rounds once where the eager layer
+rounds twice. Our operator is opaque to both, so the graph calls the same kernel as the eager
+layer. One row keeps ``F.linear``: inductor turns that product into a fused streaming
+reduction, which was not slower than the packed kernel (measured on a Xeon with AMX,
+2026-12-05, ``/tmp`` script: a compiled plain step 40-45 ms with it, 47 ms packed). Measured
+there, one thread, SmolLM2-135M in bfloat16, compiled steps after 64 / 800 cached tokens,
+``aten::mm`` against packed: 2 slots 54 / 61 ms against 45 / 54 ms, 16 slots 59 / 74 ms against
+51 / 68 ms; the logits of a 16-slot step bit-identical. Decoding: docs/results/README.md
+("Half precision, round 3").
 """
 
 from __future__ import annotations
@@ -35,11 +48,15 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PACK_MAX_ROWS", "is_packed", "pack_linears", "packed_linears", "packing_supported"]
+__all__ = ["GRAPH_MIN_ROWS", "PACK_MAX_ROWS", "is_packed", "pack_linears", "packed_linear", "packed_linears", "packing_supported"]
 
 PACK_MAX_ROWS = 16
 """Rows (tokens) up to which a layer uses its prepacked weight: the measured range where the
 outputs equal ``F.linear``'s bit for bit (module docstring)."""
+
+GRAPH_MIN_ROWS = 2
+"""Inside a compiled graph, rows from which a layer uses its prepacked weight (one row is
+inductor's fused reduction, module docstring)."""
 
 MEMORY_SHARE = 0.25
 """The packed copies may take at most this share of the memory available when packing; a
@@ -60,15 +77,56 @@ def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
         return False
 
 
+# ``tss_opt::packed_linear``: oneDNN's prepacked product as an operator inductor neither lowers
+# nor pattern-matches (module docstring); the weight is oneDNN's opaque tensor, hence the
+# MkldnnCPU kernel beside the CPU one.
+_LIB = torch.library.Library("tss_opt", "DEF")
+_LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's product on a prepacked weight: what both the eager forward and the operator run."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+for _key in ("CPU", "MkldnnCPU"):
+    # Looked up at call time, so a test can count the products of a compiled graph too.
+    _LIB.impl("packed_linear", lambda x, packed, bias: _packed_product(x, packed, bias), _key)
+
+
+@torch.library.register_fake("tss_opt::packed_linear", lib=_LIB)
+def _packed_linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through the weight prepacked by :func:`pack_linears`.
+
+    Args:
+        x: ``(..., in_features)`` in the packed weight's dtype.
+        packed: the layer's prepacked weight (oneDNN's opaque tensor, ``(out_features, in_features)``).
+        bias: ``(out_features,)`` or ``None``.
+
+    Returns:
+        ``(..., out_features)``.
+    """
+    return torch.ops.tss_opt.packed_linear(x, packed, bias)
+
+
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The layer's forward once packed: the prepacked product inside :func:`packed_linears`
-    for at most :data:`PACK_MAX_ROWS` rows of the packed dtype, ``F.linear`` otherwise."""
-    if torch.compiler.is_compiling():  # first: dynamo must not trace the context variable
-        return F.linear(x, self.weight, self.bias)
+    """The layer's forward once packed: the prepacked product for a step's few rows of the
+    packed dtype (inside :func:`packed_linears`, or inside a compiled graph from
+    :data:`GRAPH_MIN_ROWS` rows), ``F.linear`` otherwise."""
     packed = getattr(self, _PACKED)
     # The dtypes checked too: a model cast after packing (``model.float()``) keeps F.linear.
-    if _ACTIVE.get() and x.dtype == packed.dtype == self.weight.dtype and x.numel() <= PACK_MAX_ROWS * self.in_features:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+    fits = x.dtype == packed.dtype == self.weight.dtype and x.numel() <= PACK_MAX_ROWS * self.in_features
+    if torch.compiler.is_compiling():  # before the context variable, which dynamo must not trace
+        # Shapes are static in our graphs (``dynamic=False``): the row count is a constant.
+        if fits and x.numel() >= GRAPH_MIN_ROWS * self.in_features:
+            return packed_linear(x, packed, self.bias)
+        return F.linear(x, self.weight, self.bias)
+    if _ACTIVE.get() and fits:
+        return _packed_product(x, packed, self.bias)
     return F.linear(x, self.weight, self.bias)
 
 

@@ -129,7 +129,9 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
     if target.compiled:  # a compiled step has its own costs (decoding/compiled.py)
         name += " compiled"
     if getattr(target, "packed", False):  # so do prepacked bfloat16 products (decoding/linear.py)
-        name += " packed"
+        # A compiled target uses them inside its graphs too (since 2026-12-05): a table of the
+        # graphs' earlier aten::mm products ("compiled packed") must not size it.
+        name += " packed+graph" if target.compiled else " packed"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
 
