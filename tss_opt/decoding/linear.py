@@ -118,16 +118,19 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed dtype (inside :func:`packed_linears`, or inside a compiled graph from
     :data:`GRAPH_MIN_ROWS` rows), ``F.linear`` otherwise."""
     packed = getattr(self, _PACKED)
-    # The dtypes checked too: a model cast after packing (``model.float()``) keeps F.linear.
-    fits = x.dtype == packed.dtype == self.weight.dtype and x.numel() <= PACK_MAX_ROWS * self.in_features
     if torch.compiler.is_compiling():  # before the context variable, which dynamo must not trace
         # Shapes are static in our graphs (``dynamic=False``): the row count is a constant.
-        if fits and x.numel() >= GRAPH_MIN_ROWS * self.in_features:
+        if _fits(self, x, packed) and x.numel() >= GRAPH_MIN_ROWS * self.in_features:
             return packed_linear(x, packed, self.bias)
-        return F.linear(x, self.weight, self.bias)
-    if _ACTIVE.get() and fits:
+    elif _ACTIVE.get() and _fits(self, x, packed):  # the context first: F.linear's callers pay nothing
         return _packed_product(x, packed, self.bias)
     return F.linear(x, self.weight, self.bias)
+
+
+def _fits(layer: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor) -> bool:
+    """At most :data:`PACK_MAX_ROWS` rows, in the packed dtype (dtypes checked too: a model
+    cast after packing, ``model.float()``, keeps ``F.linear``)."""
+    return x.dtype == packed.dtype == layer.weight.dtype and x.numel() <= PACK_MAX_ROWS * layer.in_features
 
 
 def _available_bytes() -> int:
