@@ -6,11 +6,14 @@ per module and every test reuses it (the graphs it holds are what the recompile 
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+
 import pytest
 import torch
 from reference import greedy_dense_prefill, greedy_no_cache
 
-from tss_opt.decoding.compiled import BUCKETS, CompiledTarget
+from tss_opt.decoding.compiled import BUCKETS, CompiledTarget, layers_alike, tensor_guards
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.drafters import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
@@ -107,6 +110,38 @@ def test_a_change_of_skip_set_does_not_recompile(tiny64, prompt):
     # a longer context reads a wider key window (marked dynamic): still the same graph
     engine.generate(torch.cat([prompt] * 8), max_new_tokens=4, skip=(2,))
     assert target.compilations == first
+
+
+def test_layers_alike_share_a_graph_on_lean_guards_and_layers_that_differ_keep_every_guard(tiny64, compiled, prompt):
+    """The lean guards (tensor_guards) drop dynamo's checks of module attributes, so they are
+    used only when every layer is alike; a layer that differs (here: its attention's scaling,
+    a constant the graph bakes in) gets a graph of its own, and the output stays the eager one."""
+    assert compiled.lean_guards and layers_alike(compiled.layers)
+    model = copy.deepcopy(tiny64.model)
+    model.model.layers[1].self_attn.scaling *= 1.5
+    target = CompiledTarget(model)
+    assert not target.lean_guards
+    tree = DraftTree(tokens=torch.tensor([5, 6, 7]), parents=(-1, 0, 0))
+    eager = TargetModel(model)
+    c1, c2 = eager.new_cache(), target.new_cache()
+    eager.prefill(prompt, c1)
+    target.prefill(prompt, c2)
+    want = eager.verify_forward(3, tree, c1, len(prompt))
+    got = target.verify_forward(3, tree, c2, len(prompt))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert target.compilations == 2, "one graph per kind of layer"
+
+
+def test_tensor_guards_keep_tensors_state_and_layer_indices():
+    def entry(kind: str, name: str = "") -> SimpleNamespace:
+        return SimpleNamespace(guard_type=kind, name=name)
+
+    entries = [entry("TENSOR_MATCH", "hidden"), entry("GRAD_MODE"), entry("SHAPE_ENV"),
+               entry("EQUALS_MATCH", "layer._modules['self_attn'].layer_idx"),
+               entry("CONSTANT_MATCH", "layer._modules['mlp']._modules['up_proj']._parameters['bias']"),
+               entry("EMPTY_NN_MODULE_HOOKS_DICT", "layer._forward_hooks"), entry("ID_MATCH", "G['torch']")]
+    assert tensor_guards(entries) == [True, True, True, True, False, False, False]
 
 
 def test_buckets_fit_dynamos_graph_limit():
