@@ -86,12 +86,17 @@ from tss_opt.progress import progress_bar  # noqa: E402
 DRAFTERS: dict[str, tuple[str, dict[str, Any]]] = {
     "pld": ("prompt lookup, 10 tokens", {"name": "pld", "num_tokens": 10}),
     # pld's shipped default is the fixed chain of 10 (the search's protocol): auto on request.
+    # auto's shipped form chooses the length per step (adapt: true); *_sized: per context length only.
     "pld_auto": ("prompt lookup, auto", {"name": "pld", "num_tokens": "auto"}),
+    "pld_adapt": ("prompt lookup, auto, adapted per request", {"name": "pld", "num_tokens": "auto", "adapt": True}),
+    "pld_sized": ("prompt lookup, auto, sized per context only", {"name": "pld", "num_tokens": "auto", "adapt": False}),
     "token_recycle": ("Token Recycling, 15-node template", {"name": "token_recycle", "template": "builtin:token_recycle_15.json"}),
     "token_recycle_auto": ("Token Recycling, auto", {"name": "token_recycle"}),
     "samd": ("SAMD, 10-token chain, 15-node fallback", {"name": "samd", "num_tokens": 10,
                                                          "template": "builtin:token_recycle_15.json"}),
     "samd_auto": ("SAMD, auto", {"name": "samd"}),
+    "samd_adapt": ("SAMD, auto, match chain adapted per request", {"name": "samd", "adapt": True}),
+    "samd_sized": ("SAMD, auto, sized per context only", {"name": "samd", "adapt": False}),
     "merged": ("TAPS merged (pld 10 + TR 15)", {"name": "merged", "members": [
         {"name": "pld", "num_tokens": 10}, {"name": "token_recycle", "template": "builtin:token_recycle_15.json"}]}),
     "merged_auto": ("TAPS merged, auto members", {"name": "merged", "members": [
@@ -217,7 +222,10 @@ def calibrate(rt: Any, directory: Path, prompts: list[torch.Tensor], new_tokens:
 
 
 def choices(d: Any) -> list[str]:
-    """What a sized drafter chose: pld's chain per context bucket, else its one tree."""
+    """What a sized drafter chose: pld's chain per context bucket (or its per-request rule),
+    else its one tree."""
+    if getattr(d, "online", None) is not None:
+        return [d.online.describe()]
     if getattr(d, "sizer", None) is not None:
         return [d.sizer.describe()]
     ch = getattr(d, "choice", None) or getattr(getattr(d, "fallback", None), "choice", None)
@@ -286,7 +294,7 @@ def target_cell(a: Arm) -> str:
     miss = []
     if r < 0.95:
         miss.append(f"{r:.2f}x < 0.95x greedy")
-    if a.key.split("@")[0] in ("pld", "pld_auto") and a.ratio_pld and _median(a.ratio_pld) < 1.0:
+    if a.key.split("@")[0] in ("pld", "pld_auto", "pld_adapt", "pld_sized") and a.ratio_pld and _median(a.ratio_pld) < 1.0:
         miss.append(f"{_median(a.ratio_pld):.2f}x < 1.0x HF PLD")
     if "diverged" in a.verdicts:
         miss.append("outputs diverge (not at a near-tie)")

@@ -17,6 +17,7 @@ from tss_opt.decoding.compiled import BUCKETS, CompiledTarget, layers_alike, ten
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.drafters import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.sizing import hardware_key, measure_latency
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
 
@@ -201,6 +202,14 @@ def test_the_batch_engine_runs_on_a_compiled_target(tiny64, compiled, prompt):
     batch.run()
     for row, skip in zip(rows, skips):
         assert row.result().tokens.tolist() == greedy_dense_prefill(tiny64.model, prompt, 8, skip)
+
+
+def test_latency_is_measured_per_bucket(tiny64, compiled):
+    """A compiled step pads its slots, so its table holds the largest node count of each bucket
+    and prices a chain by its bucket: 4 nodes (5 slots, the 8-slot bucket) cost what 7 do."""
+    table = measure_latency(compiled, (0, 1, 2, 4, 8), prefix_len=16, repeats=1)
+    assert table.padded and table.sizes == [0, 1, 3, 7, 8] and table.at(4) == table.at(7)
+    assert "padded" in hardware_key(compiled)["model"] and "padded" not in hardware_key(TargetModel(tiny64.model))["model"]
 
 
 def test_a_tree_past_the_largest_bucket_verifies_eagerly(tiny64, compiled, prompt):

@@ -22,6 +22,7 @@ from tss_opt.decoding.sizing import (
     AcceptanceProfile,
     ContextSized,
     LatencyTable,
+    OnlineChain,
     choose_tree,
     load_or_measure_draft_cost,
     load_or_measure_latency,
@@ -100,16 +101,18 @@ def test_chain_length_is_the_argmax_by_hand() -> None:
 
 def test_pld_auto_is_sized(target64: TargetModel, tiny64: LoadedModel, tmp_path: Path,
                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """pld's default stays the fixed chain of 10 (the search's protocol); auto sizes it."""
+    """pld's default stays the fixed chain of 10 (the search's protocol); auto sizes it (per
+    step from the request's acceptance, test_online_chain.py; ``adapt: false``: per context)."""
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     _seed(target64, tmp_path, {0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0, 10: 9.0})
     assert build_drafter({"name": "pld"}, target64, tiny64).num_tokens == 10
-    d = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
+    assert isinstance(build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64).online, OnlineChain)
+    d = build_drafter({"name": "pld", "num_tokens": "auto", "adapt": False}, target64, tiny64)
     assert isinstance(d, PromptLookupDrafter) and d.num_tokens == 2 and d.choice is not None
     assert d.num_tokens == sized_chain(target64, load_profile("pld"), max_tokens=10).nodes
     assert build_drafter({"name": "pld", "num_tokens": 7}, target64, tiny64).num_tokens == 7  # fixed
     _seed(target64, tmp_path, CPU_LIKE)
-    off = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
+    off = build_drafter({"name": "pld", "num_tokens": "auto", "adapt": False}, target64, tiny64)
     assert off.num_tokens == 0 and len(off.propose(torch.tensor([1, 2, 1, 2, 1]))) == 0  # no speculation
     assert off.capabilities.replayable and off.capabilities.confidence  # still a TAPS member
 
@@ -123,7 +126,7 @@ def test_pld_auto_sizes_the_chain_for_the_context(target64: TargetModel, tiny64:
     # Short contexts: chain of 2 (the hand-computed case above). Long: every node costs a
     # plain step, so nothing pays.
     _seed(target64, tmp_path, {0: 1.0, 1: 1.5, 2: 1.6, 3: 2.0, 10: 9.0}, long=CPU_LIKE)
-    d = build_drafter({"name": "pld", "num_tokens": "auto"}, target64, tiny64)
+    d = build_drafter({"name": "pld", "num_tokens": "auto", "adapt": False}, target64, tiny64)
     assert isinstance(d.sizer, ContextSized) and sorted(d.sizer.choices) == list(CONTEXT_BUCKETS)
     assert [d.sizer(n) for n in (10, 64, 65, 256, 1000, 5000)] == [2, 2, 0, 0, 0, 0]
     assert d.num_tokens == 2 and "context <= 1024: no speculation" in d.sizer.describe()
@@ -161,7 +164,7 @@ def test_choice_is_a_function_of_the_cached_inputs(target64: TargetModel, tiny64
     monkeypatch.setattr(eagle, "draft_seconds_per_level", boom)
     second = build_drafter(cfg, target64, tiny64)
     assert first.choice.template == second.choice.template and first.total_tokens == second.total_tokens
-    for spec in ({"name": "token_recycle"}, {"name": "pld", "num_tokens": "auto"}, {"name": "samd"}):
+    for spec in ({"name": "token_recycle"}, {"name": "pld", "num_tokens": "auto", "adapt": False}, {"name": "samd"}):
         a, b = build_drafter(dict(spec), target64, tiny64), build_drafter(dict(spec), target64, tiny64)
         ca = getattr(a, "choice", None) or a.fallback.choice
         cb = getattr(b, "choice", None) or b.fallback.choice
@@ -188,7 +191,10 @@ def test_every_default_drafter_is_lossless(target64: TargetModel, tiny64: Loaded
     drafter = build_drafter(_shipped(cfg), target64, tiny64)
     parts = [d for _, d in getattr(drafter, "members", [])] or [getattr(drafter, "fallback", drafter)]
     # pld members keep their fixed default chain (the search's protocol); the others are sized
+    # (pld auto per step from its request's acceptance: its first choice comes from the profile)
     nodes = [p.choice.nodes for p in parts if getattr(p, "choice", None) is not None]
+    online = [p.online for p in parts if getattr(p, "online", None) is not None]
+    nodes += [o.length(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6, 7])) for o in online]
     assert nodes, f"no part of {cfg['name']} was sized to the hardware"
     # CPU-like: every sized part turned speculation off; flat: every part speculates.
     assert all(n == 0 for n in nodes) if latency is CPU_LIKE else all(n > 0 for n in nodes)
@@ -309,7 +315,8 @@ def test_every_sized_default_drafts_per_context(target64: TargetModel, tiny64: L
     save_profile(AcceptanceProfile(rank_accept=RANK_PRIOR), "token_recycle", tmp_path)
     drafter = build_drafter(_shipped(cfg), target64, tiny64)
     sizers = [p.sizer for p in (drafter, getattr(drafter, "fallback", None)) if getattr(p, "sizer", None)]
-    assert sizers, f"{cfg['name']}'s shipped default is not sized"
+    # pld auto and SAMD's match chain choose per step (test_online_chain.py), from the same tables
+    assert sizers or drafter.online is not None, f"{cfg['name']}'s shipped default is not sized"
     for sizer in sizers:
         assert sorted(sizer.choices) == list(CONTEXT_BUCKETS)
         assert sizer.nodes(64) > 0 and sizer.nodes(65) == sizer.nodes(1000) == 0, sizer.describe()

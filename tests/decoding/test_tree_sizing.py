@@ -143,6 +143,10 @@ def test_latency_table_interpolates_and_rejects_bad_tables() -> None:
     assert t.at(16) == pytest.approx(8.0)
     with pytest.raises(TreeSizingError, match="no 0"):
         LatencyTable({1: 1.0})
+    # A padded step (a compiled target) costs its bucket's: 5 nodes fill the 8-slot bucket of 7.
+    p = LatencyTable({0: 1.0, 1: 1.1, 3: 1.2, 7: 2.0, 15: 3.0}, padded=True)
+    assert p.at(5) == p.at(7) == 2.0 and p.at(2) == 1.2 and p.at(16) == pytest.approx(3.125)
+    assert LatencyTable.from_dict(p.to_dict()).padded and "padded" not in t.to_dict()
     with pytest.raises(TreeSizingError, match="depth 1 rank 0 has p=1.5"):
         AcceptanceProfile(rank_accept=((1.5,),))
 

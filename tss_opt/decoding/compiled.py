@@ -203,6 +203,7 @@ class CompiledTarget(TargetModel):
     """
 
     compiled = True
+    slot_buckets = BUCKETS
 
     def __init__(
         self,

@@ -51,6 +51,10 @@ class TargetModel:
     #: Whether verification runs a compiled step (:class:`~tss_opt.decoding.compiled.CompiledTarget`):
     #: sizing keys its latency tables by it, since the two steps cost differently.
     compiled = False
+    #: Verified-slot counts a step is padded to (root + nodes; empty: none, a step costs what
+    #: its slots cost). A compiled step pads (``decoding/compiled.py``, ``BUCKETS``), so a
+    #: chain of 8 costs what one of 15 does: sizing measures and prices it per bucket.
+    slot_buckets: tuple[int, ...] = ()
 
     def __init__(self, model: Any, layers_path: str = "model.layers", max_context: int | None = None) -> None:
         self.model = model

@@ -21,7 +21,7 @@ from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, NoDrafter, VerifyFeedback
 from tss_opt.decoding.drafters.building import builds, fixed_size, need_target
 from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
-from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, load_profile
+from tss_opt.decoding.sizing import AUTO, COPY_CHAIN_PRIOR, ContextSized, OnlineChain, load_profile
 from tss_opt.decoding.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -140,6 +140,9 @@ class SamdDrafter(Drafter):
             :class:`TokenRecycleDrafter` with the builtin 15-node template.
         sizer: the match chain's length per context length, overriding ``num_tokens``
             (``num_tokens=auto``, :func:`sized_match_chain`); where it is 0 the fallback drafts.
+        online: the match chain's length per step from this request's own acceptance of
+            match chains, overriding ``sizer`` (``adapt: true``,
+            :class:`~tss_opt.decoding.sizing.online.OnlineChain`); where it is 0 the fallback drafts.
 
     The automaton is rebuilt per request from the prompt and extended with the committed
     tokens (it catches up from ``context`` in :meth:`propose`, which holds exactly prompt +
@@ -153,7 +156,7 @@ class SamdDrafter(Drafter):
 
     def __init__(
         self, threshold: int = 4, num_tokens: int = 10, fallback: Drafter | None = None,
-        sizer: ContextSized | None = None,
+        sizer: ContextSized | None = None, online: OnlineChain | None = None,
     ) -> None:
         if threshold < 1 or num_tokens < 1:
             raise ValueError(
@@ -162,6 +165,7 @@ class SamdDrafter(Drafter):
         self.threshold = threshold
         self.num_tokens = num_tokens
         self.sizer = sizer
+        self.online = online
         self.fallback: Drafter = fallback if fallback is not None else TokenRecycleDrafter()
         # What SAMD can do is what its fallback can (the automaton itself needs nothing).
         fb = self.fallback.capabilities
@@ -182,6 +186,8 @@ class SamdDrafter(Drafter):
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self.sam = SuffixAutomaton(prompt_ids.reshape(-1).tolist())
         self.fallback.reset(prompt_ids)
+        if self.online is not None:
+            self.online.reset()
 
     def prefill_feedback(
         self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor
@@ -200,14 +206,18 @@ class SamdDrafter(Drafter):
 
     def propose(self, context: torch.Tensor) -> DraftTree:
         self._sync(context)
-        num_tokens = self.num_tokens if self.sizer is None else self.sizer(int(context.numel()))
-        if num_tokens and self.sam.match_length >= self.threshold:
-            cont = self.sam.continuation(num_tokens)
-            if cont:
-                self.sam_steps += 1
-                ln = self.sam.match_length
-                conf = torch.full((len(cont),), ln / (ln + 1), dtype=torch.float32)
-                return DraftTree.chain(cont, confidence=conf)
+        if self.online is not None:
+            # Every match chain is scored at full length, drafted or not (sizing/online.py).
+            full = self.sam.continuation(self.online.max_tokens) if self.sam.match_length >= self.threshold else []
+            cont = full[: self.online.length(context, torch.tensor(full, dtype=torch.long))]
+        else:
+            num_tokens = self.num_tokens if self.sizer is None else self.sizer(int(context.numel()))
+            cont = self.sam.continuation(num_tokens) if num_tokens and self.sam.match_length >= self.threshold else []
+        if cont:
+            self.sam_steps += 1
+            ln = self.sam.match_length
+            conf = torch.full((len(cont),), ln / (ln + 1), dtype=torch.float32)
+            return DraftTree.chain(cont, confidence=conf)
         self.fallback_steps += 1
         return self.fallback.propose(context)
 
@@ -222,6 +232,16 @@ def sized_match_chain(
     return ContextSized.chain(target, accept, max_tokens=max_tokens, directory=directory)
 
 
+def adapted_match_chain(
+    target: TargetModel, *, max_tokens: int = 10, directory: str | Path | None = None
+) -> OnlineChain:
+    """``num_tokens=auto`` with ``adapt: true``: the match-chain length ``0..max_tokens`` per
+    step from the request's own acceptance of match chains, the ``samd`` profile (else
+    :attr:`SamdDrafter.sizing_prior`) as the prior."""
+    accept = load_profile("samd", SamdDrafter.sizing_prior, directory)
+    return OnlineChain.for_target(target, accept, max_tokens=max_tokens, directory=directory)
+
+
 @builds(SamdDrafter)
 def build_samd(
     target: TargetModel,
@@ -234,12 +254,15 @@ def build_samd(
     top_k: int,
     keep_table: bool,
     fallback: str = "token_recycle",
+    adapt: bool = True,
 ) -> Drafter:
     """SAM decoding with a Token Recycling fallback ("SAMD Token Recycle"). ``num_tokens=auto``
     (the default) sizes the match chain per context length (``0..max_tokens``), ``template=auto``
     the fallback's tree; integers and templates fix them. ``fallback="none"`` (not in the
     shipped file: ``+drafter.fallback=none``) proposes nothing when the match is short (SAM
-    decoding alone, replayable by evaluator=replay)."""
+    decoding alone, replayable by evaluator=replay). ``adapt=True`` (with ``num_tokens=auto``)
+    chooses the match chain's length at every step from the request's own acceptance
+    (:func:`adapted_match_chain`)."""
     if fallback not in ("none", "token_recycle"):
         raise DrafterConfigError(
             f"drafter samd: fallback={fallback!r} is not a fallback; expected token_recycle or none"
@@ -248,8 +271,11 @@ def build_samd(
         need_target("samd", "num_tokens", target)
     if template == AUTO and fallback != "none":  # without a fallback there is no tree to size
         need_target("samd", "template", target)
+    if not isinstance(adapt, bool):
+        raise DrafterConfigError(f"drafter 'samd': adapt={adapt!r}; expected true or false (docs/drafters.md, 'Adapted per request')")
     most = fixed_size("samd", "max_tokens", max_tokens)
-    sizer = sized_match_chain(target, max_tokens=most) if num_tokens == AUTO else None
+    online = adapted_match_chain(target, max_tokens=most) if num_tokens == AUTO and adapt else None
+    sizer = sized_match_chain(target, max_tokens=most) if num_tokens == AUTO and online is None else None
     aux: Drafter
     if fallback == "none":
         aux = NoDrafter()
@@ -258,4 +284,4 @@ def build_samd(
     else:
         aux = TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
     fixed = most if num_tokens == AUTO else fixed_size("samd", "num_tokens", num_tokens)
-    return SamdDrafter(threshold=threshold, num_tokens=fixed, fallback=aux, sizer=sizer)
+    return SamdDrafter(threshold=threshold, num_tokens=fixed, fallback=aux, sizer=sizer, online=online)

@@ -13,6 +13,8 @@ module:
   (``profile-<drafter>.json``); else the drafter class's ``sizing_prior``.
 - :mod:`~tss_opt.decoding.sizing.context`: one choice per cached-length bucket
   (:class:`ContextSized`), what every sized drafter uses.
+- :mod:`~tss_opt.decoding.sizing.online`: a copy chain's length chosen at every step from the
+  acceptance its own request has shown so far (:class:`OnlineChain`, ``adapt: true``).
 - :mod:`~tss_opt.decoding.sizing.measure`: acceptance and draft costs measured through the
   engine (import it directly: it imports the engine).
 
@@ -34,7 +36,13 @@ from tss_opt.decoding.sizing.choice import (
     choose_tree,
     sibling_ranks,
 )
-from tss_opt.decoding.sizing.context import CONTEXT_BUCKETS, ContextSized, sized_chain, sized_tree
+from tss_opt.decoding.sizing.context import (
+    CONTEXT_BUCKETS,
+    ContextSized,
+    fitting_buckets,
+    sized_chain,
+    sized_tree,
+)
 from tss_opt.decoding.sizing.latency import (
     DEFAULT_DIR,
     DEFAULT_SIZES,
@@ -47,6 +55,7 @@ from tss_opt.decoding.sizing.latency import (
     measure_latency,
     sizing_dir,
 )
+from tss_opt.decoding.sizing.online import OnlineChain
 from tss_opt.decoding.sizing.profiles import load_profile, profile_path, save_profile
 
 AUTO = "auto"
@@ -54,7 +63,7 @@ AUTO = "auto"
 
 __all__ = [
     "AUTO", "CONTEXT_BUCKETS", "COPY_CHAIN_PRIOR", "DEFAULT_DIR", "DEFAULT_SIZES", "ENV_DIR", "MODEL_CHAIN_PRIOR", "RANK_PRIOR",
-    "AcceptanceProfile", "ContextSized", "LatencyTable", "Prior", "TreeChoice", "TreeSizingError", "best_tree",
-    "choose_tree", "hardware_key", "load_or_measure_draft_cost", "load_or_measure_latency", "load_profile",
+    "AcceptanceProfile", "ContextSized", "LatencyTable", "OnlineChain", "Prior", "TreeChoice", "TreeSizingError", "best_tree",
+    "choose_tree", "fitting_buckets", "hardware_key", "load_or_measure_draft_cost", "load_or_measure_latency", "load_profile",
     "measure_latency", "profile_path", "save_profile", "sibling_ranks", "sized_chain", "sized_tree", "sizing_dir",
 ]

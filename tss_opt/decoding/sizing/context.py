@@ -23,7 +23,7 @@ from tss_opt.decoding.templates import TreeTemplate
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
 
-__all__ = ["CONTEXT_BUCKETS", "ContextSized", "sized_chain", "sized_tree"]
+__all__ = ["CONTEXT_BUCKETS", "ContextSized", "fitting_buckets", "sized_chain", "sized_tree"]
 
 CONTEXT_BUCKETS = (64, 256, 1024)
 """Cached lengths (tokens) a drafter is sized for; a step uses the smallest bucket that holds
@@ -31,6 +31,13 @@ its context (the largest beyond it): the costlier table, so a step never drafts 
 context pays for."""
 
 DraftSeconds = Callable[[TreeTemplate], float] | float
+
+
+def fitting_buckets(target: TargetModel, buckets: tuple[int, ...] = CONTEXT_BUCKETS) -> list[int]:
+    """The buckets whose latency tables fit the target's context (a table's forwards verify
+    up to ``max(DEFAULT_SIZES)`` nodes after that many cached tokens); the smallest if none."""
+    room = int(target.max_context) - max(DEFAULT_SIZES) - 1
+    return [b for b in buckets if b <= room] or [min(buckets)]
 
 
 def sized_tree(
@@ -87,9 +94,7 @@ class ContextSized:
     def __init__(
         self, target: TargetModel, choose: Callable[[int], TreeChoice], buckets: tuple[int, ...] = CONTEXT_BUCKETS
     ) -> None:
-        room = int(target.max_context) - max(DEFAULT_SIZES) - 1
-        fit = [b for b in buckets if b <= room] or [min(buckets)]
-        self.choices: dict[int, TreeChoice] = {b: choose(b) for b in fit}
+        self.choices: dict[int, TreeChoice] = {b: choose(b) for b in fitting_buckets(target, buckets)}
 
     @classmethod
     def chain(

@@ -56,10 +56,14 @@ class LatencyTable(MeasuredTable):
 
     Attributes:
         seconds: ``{n: seconds}``; ``n = 0`` is a plain decoding step (the root alone).
+        padded: the target pads a step's slots to buckets (:func:`padded_sizes`): each
+            measured size is the largest of its bucket, and ``n`` nodes cost what the
+            smallest measured size ``>= n`` costs (not a line between neighbours).
         key, measured_at, load, cpus, prefix_len: the provenance (:class:`MeasuredTable`).
     """
 
     seconds: Mapping[int, float]
+    padded: bool = False
 
     def __post_init__(self) -> None:
         if 0 not in self.seconds:
@@ -75,13 +79,16 @@ class LatencyTable(MeasuredTable):
         return sorted(self.seconds)
 
     def at(self, n: int) -> float:
-        """Latency for ``n`` nodes: measured, else linear between the neighbouring sizes,
-        else extrapolated from the two largest (verification cost grows at most linearly)."""
+        """Latency for ``n`` nodes: measured, else (padded) the bucket's, else linear between
+        the neighbouring sizes, else extrapolated from the two largest (verification cost grows
+        at most linearly)."""
         if n in self.seconds:
             return float(self.seconds[n])
         sizes = self.sizes
         lo = max((s for s in sizes if s < n), default=None)
         hi = min((s for s in sizes if s > n), default=None)
+        if self.padded and hi is not None:
+            return float(self.seconds[hi])
         if lo is not None and hi is not None:
             w = (n - lo) / (hi - lo)
             return float(self.seconds[lo] * (1 - w) + self.seconds[hi] * w)
@@ -92,7 +99,8 @@ class LatencyTable(MeasuredTable):
         return float(self.seconds[b] + slope * (n - b))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.provenance(), "seconds": {str(n): s for n, s in sorted(self.seconds.items())}}
+        out = {**self.provenance(), "seconds": {str(n): s for n, s in sorted(self.seconds.items())}}
+        return {**out, "padded": True} if self.padded else out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LatencyTable:
@@ -102,7 +110,19 @@ class LatencyTable(MeasuredTable):
             raise TreeSizingError(
                 f"latency table needs 'seconds': {{nodes: seconds}}; got {data!r:.200} ({e})"
             ) from e
-        return cls(seconds=secs, **cls.provenance_from(data))
+        return cls(seconds=secs, padded=bool(data.get("padded", False)), **cls.provenance_from(data))
+
+
+def padded_sizes(sizes: Iterable[int], slot_buckets: Iterable[int]) -> list[int]:
+    """The node counts a padded step's table measures: ``0``, the largest count of every slot
+    bucket within ``max(sizes)`` (bucket ``b`` verifies the root and ``b - 1`` nodes) and
+    ``max(sizes)`` itself (beyond the largest bucket a compiled step runs eagerly).
+
+    >>> padded_sizes((0, 1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 32, 64))
+    [0, 1, 3, 7, 15, 31, 63, 64]
+    """
+    top = max(sizes)
+    return sorted({0, top} | {b - 1 for b in slot_buckets if 1 <= b - 1 <= top})
 
 
 def _cpu_name() -> str:
@@ -128,6 +148,8 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
     name = f"{name} L{cfg.num_hidden_layers} H{cfg.hidden_size}"
     if target.compiled:  # a compiled step has its own costs (decoding/compiled.py)
         name += " compiled"
+    if target.slot_buckets:  # measured per bucket since 2026-12-05 (padded_sizes): earlier tables are not
+        name += " padded"
     if getattr(target, "packed", False):  # so do prepacked bfloat16 products (decoding/linear.py)
         # A compiled target uses them inside its graphs too (since 2026-12-05): a table of the
         # graphs' earlier aten::mm products ("compiled packed") must not size it.
@@ -154,6 +176,8 @@ def measure_latency(
 
     load, cpus = host_load()
     sizes = sorted({int(n) for n in sizes} | {0})
+    if target.slot_buckets:  # a padded step: one size per bucket, the bucket's largest
+        sizes = padded_sizes(sizes, target.slot_buckets)
     vocab = int(target.model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (prefix_len,), generator=gen)
@@ -174,8 +198,8 @@ def measure_latency(
                 times[n].append(time.perf_counter() - t0)
             crop_to(cache, prefix_len)
     seconds = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
-    return LatencyTable(seconds=seconds, key=dict(key or hardware_key(target)), measured_at=utc_now(), load=load,
-                        cpus=cpus, prefix_len=prefix_len)
+    return LatencyTable(seconds=seconds, padded=bool(target.slot_buckets), key=dict(key or hardware_key(target)),
+                        measured_at=utc_now(), load=load, cpus=cpus, prefix_len=prefix_len)
 
 
 def load_or_measure_latency(
