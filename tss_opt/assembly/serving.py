@@ -136,8 +136,9 @@ def build_state(cfg: DictConfig) -> ServingState:
 def with_serving_drafter(cfg: DictConfig) -> DictConfig:
     """The server's default drafter, when the command names none: the model's default drafter
     with its size chosen for this machine (``num_tokens: auto``: prompt lookup's chain length
-    chosen per step from measured latency tables and the request's own acceptance, docs/serving.md). The search keeps the fixed size its protocol needs; ``drafter=...``
-    on the command line is used as given."""
+    chosen per step from measured latency tables and the request's own acceptance,
+    docs/serving.md). The search keeps the fixed size its protocol needs; ``drafter=...`` on
+    the command line is used as given."""
     if cfg.get("drafter") is not None:
         return cfg
     drafter = drafter_config(cfg)

@@ -12,7 +12,7 @@ from the latency table measured on that many cached tokens, all when the drafter
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,7 @@ from tss_opt.decoding.templates import TreeTemplate
 if TYPE_CHECKING:
     from tss_opt.decoding.target import TargetModel
 
-__all__ = ["CONTEXT_BUCKETS", "ContextSized", "fitting_buckets", "sized_chain", "sized_tree"]
+__all__ = ["CONTEXT_BUCKETS", "ContextSized", "context_bucket", "fitting_buckets", "sized_chain", "sized_tree"]
 
 CONTEXT_BUCKETS = (64, 256, 1024)
 """Cached lengths (tokens) a drafter is sized for; a step uses the smallest bucket that holds
@@ -38,6 +38,14 @@ def fitting_buckets(target: TargetModel, buckets: tuple[int, ...] = CONTEXT_BUCK
     up to ``max(DEFAULT_SIZES)`` nodes after that many cached tokens); the smallest if none."""
     room = int(target.max_context) - max(DEFAULT_SIZES) - 1
     return [b for b in buckets if b <= room] or [min(buckets)]
+
+
+def context_bucket(buckets: Iterable[int], context_len: int) -> int:
+    """The bucket a step drafting from ``context_len`` tokens uses: the smallest that holds it,
+    else the largest (the costlier table, so a step never drafts more than its context pays for)."""
+    sizes = list(buckets)
+    fits = [b for b in sizes if b >= context_len]
+    return min(fits) if fits else max(sizes)
 
 
 def sized_tree(
@@ -115,8 +123,7 @@ class ContextSized:
                                                 draft_s=draft_s, directory=directory))
 
     def bucket(self, context_len: int) -> int:
-        fits = [b for b in self.choices if b >= context_len]
-        return min(fits) if fits else max(self.choices)
+        return context_bucket(self.choices, context_len)
 
     def at(self, context_len: int) -> TreeChoice:
         return self.choices[self.bucket(context_len)]

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tss_opt.decoding.sizing.choice import SPECULATION_MARGIN, AcceptanceProfile
-from tss_opt.decoding.sizing.context import CONTEXT_BUCKETS, fitting_buckets
+from tss_opt.decoding.sizing.context import CONTEXT_BUCKETS, context_bucket, fitting_buckets
 from tss_opt.decoding.sizing.latency import LatencyTable, TreeSizingError, load_or_measure_latency
 
 if TYPE_CHECKING:
@@ -148,8 +148,7 @@ class OnlineChain:
             return 0
         L = int(context.numel())
         self._pending.append((L, proposal[:K].tolist(), 0))
-        fits = [b for b in self.tables if b >= L]
-        seconds = self._seconds[min(fits) if fits else max(self.tables)]
+        seconds = self._seconds[context_bucket(self.tables, L)]
         best_k, best_rate = 0, 1.0 / seconds[0]
         plain = best_rate
         expected, path = 1.0, 1.0
