@@ -399,7 +399,7 @@ def main() -> None:
             for ctx in CONTEXT_BUCKETS:
                 load_or_measure_latency(tgt, base, prefix_len=ctx)
         table = load_or_measure_latency(target, base)
-        load = "load not recorded" if table.load is None else f"load {table.load} on {table.cpus} CPUs"
+        load = table.describe_host()
         read_s = weights_read_s(model)  # the bandwidth limit, as benchmarks/compiled_step.py measures it
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         print(f"\n## {dtype}: latency table after 64 tokens ({table.measured_at}, {load}{', BUSY' if table.busy else ''}, "

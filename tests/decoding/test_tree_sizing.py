@@ -174,25 +174,12 @@ def test_latency_is_measured_once_and_cached(target64: TargetModel, tmp_path: Pa
     assert (t2.load, t2.cpus) == (t1.load, t1.cpus)
 
 
-def test_a_table_measured_on_a_busy_host_warns_once(
-    target64: TargetModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_table_measured_on_a_busy_host_is_called_busy(target64: TargetModel, tmp_path: Path) -> None:
+    # Warnings and measuring again: tests/decoding/test_busy_tables.py.
     t = load_or_measure_latency(target64, tmp_path, sizes=(0, 1))
     assert not LatencyTable(seconds=t.seconds, key=t.key, measured_at=t.measured_at, load=1.9, cpus=2).busy
     busy = LatencyTable(seconds=t.seconds, key=t.key, measured_at=t.measured_at, load=7.5, cpus=2)
     assert busy.busy and not LatencyTable(seconds=t.seconds, key=t.key).busy  # unrecorded load: not called busy
-    # The same key's file in a folder this process has not read yet (this very host may be busy
-    # now, and the measurement above may have warned already for its own file).
-    path = tmp_path / "busy" / next(tmp_path.glob("latency-*.json")).name
-    path.parent.mkdir()
-    path.write_text(json.dumps(busy.to_dict()))
-    with caplog.at_level("WARNING", logger="tss_opt.decoding.sizing.latency"):
-        again = load_or_measure_latency(target64, path.parent, sizes=(0, 1))
-        load_or_measure_latency(target64, path.parent, sizes=(0, 1))
-    assert again.busy and (again.load, again.cpus) == (7.5, 2)
-    warnings = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
-    assert len(warnings) == 1  # once per file and process, not per drafter build
-    assert "busy machine" in warnings[0] and "load 7.5 on 2 CPUs" in warnings[0] and "delete the file" in warnings[0]
 
 
 def test_profile_measured_from_the_engine(target64: TargetModel) -> None:

@@ -34,8 +34,10 @@ from tss_opt.decoding.sizing.latency import hardware_key, sizing_dir
 from tss_opt.decoding.sizing.measured import (
     MeasuredTable,
     TreeSizingError,
+    cpu_snapshot,
     host_load,
     load_or_measure,
+    others_cores,
     table_path,
     utc_now,
 )
@@ -220,7 +222,10 @@ def measure_batch_latency(
     trees = {t: DraftTree.chain(torch.randint(0, vocab, (t - 1,), generator=gen)) for t in tokens_t}
     sync = torch.cuda.synchronize if torch.device(target.device).type == "cuda" else (lambda: None)
     times: dict[tuple[int, int], list[float]] = {(r, t): [] for r in rows_t for t in tokens_t}
+    window = cpu_snapshot()
     for rnd in range(repeats + 1):  # round 0 warms up
+        if rnd == 1:  # the busy check covers the timed rounds only (not compile workers)
+            window = cpu_snapshot()
         for r in rows_t:
             for t in tokens_t:
                 batch = [
@@ -245,7 +250,8 @@ def measure_batch_latency(
     seconds = tuple(tuple(row) for row in grid)
     return BatchLatency(
         rows=tuple(rows_t), tokens=tuple(tokens_t), seconds=seconds, key=dict(key or hardware_key(target)),
-        measured_at=utc_now(), load=load, cpus=cpus, prefix_len=prefix_len,
+        measured_at=utc_now(), load=load, cpus=cpus, others=others_cores(window, cpu_snapshot()),
+        prefix_len=prefix_len,
     )
 
 

@@ -22,8 +22,10 @@ import torch
 from tss_opt.decoding.sizing.measured import (
     MeasuredTable,
     TreeSizingError,
+    cpu_snapshot,
     host_load,
     load_or_measure,
+    others_cores,
     table_path,
     utc_now,
 )
@@ -188,7 +190,10 @@ def measure_latency(
     times: dict[int, list[float]] = {n: [] for n in sizes}
     # Sizes interleaved within each round (not all repeats of one size in a row), so drift of
     # a shared machine hits every size alike; round 0 warms kernels and allocations.
+    window = cpu_snapshot()
     for rnd in range(repeats + 1):
+        if rnd == 1:  # after the warm-up: compile workers and first allocations are not contention
+            window = cpu_snapshot()
         for n in sizes:
             sync()
             t0 = time.perf_counter()
@@ -199,7 +204,8 @@ def measure_latency(
             crop_to(cache, prefix_len)
     seconds = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
     return LatencyTable(seconds=seconds, padded=bool(target.slot_buckets), key=dict(key or hardware_key(target)),
-                        measured_at=utc_now(), load=load, cpus=cpus, prefix_len=prefix_len)
+                        measured_at=utc_now(), load=load, cpus=cpus, others=others_cores(window, cpu_snapshot()),
+                        prefix_len=prefix_len)
 
 
 def load_or_measure_latency(
