@@ -28,21 +28,31 @@ class TreeSizingError(TSSError):
     """A latency table or acceptance profile is malformed or missing values."""
 
 
-# Cores' worth of CPU time that other processes may take while a table is measured before the
-# table is called busy. One competing single-threaded process takes about 1.0; an idle host's
-# services (databases, brokers) took under 0.05 here. Why a threshold on the window itself and
-# not only the load average: on the 2-core Xeon of docs/results (round 5), a test module on the
-# other core made a plain step 54.7 ms instead of 40.6 and one node 83.7 ms instead of 43.7,
-# at a 1-minute load of 1.0-1.24, which the load rule (load above the CPU count) calls quiet.
-OTHERS_BUSY = 0.5
+# The share of the host's CPUs that other processes may use while a table is measured before
+# the table is called busy: 0.5 cores on a 2-core host. One competing single-threaded process
+# takes about 1.0; an idle host's services (databases, brokers) took under 0.05 here. Why a
+# threshold on the window itself and not only the load average: on the 2-core Xeon of
+# docs/results (round 5), a test module on the other core made a plain step 54.7 ms instead of
+# 40.6 and one node 83.7 ms instead of 43.7, at a 1-minute load of 1.0-1.24, which the load rule
+# (load above the CPU count) calls quiet. A share, not a count: on a host of many cores one
+# other process neither takes this one's core nor most of the memory bandwidth.
+OTHERS_BUSY_SHARE = 0.25
 MIN_WINDOW_S = 0.1
+
+
+def others_limit(cpus: int | None) -> float:
+    """Cores' worth of other processes' CPU time above which a host of ``cpus`` CPUs is busy
+    (unknown count: taken as 2)."""
+    return OTHERS_BUSY_SHARE * max(cpus or 2, 2)
 
 
 def was_busy(load: float | None, cpus: int | None, others: float | None = None) -> bool:
     """The rule for every measured table: more runnable work (1-minute load average) than CPUs
-    when it was measured, or other processes using more than :data:`OTHERS_BUSY` cores during
+    when it was measured, or other processes using more than :func:`others_limit` cores during
     the measurement itself (unknown: not busy)."""
-    return (load is not None and cpus is not None and load > cpus) or (others is not None and others > OTHERS_BUSY)
+    return (load is not None and cpus is not None and load > cpus) or (
+        others is not None and others > others_limit(cpus)
+    )
 
 
 @dataclass(frozen=True)
@@ -230,7 +240,7 @@ def load_or_measure(
             elif table.busy and path not in _RECHECKED:
                 _RECHECKED.add(path)
                 now = probe()
-                if now is not None and now <= OTHERS_BUSY:
+                if now is not None and now <= others_limit(os.cpu_count()):
                     log.warning(
                         "the measured table %s was measured while the host was busy (%s); the host is quiet now "
                         "(other processes %.2f cores): measuring it again", path, table.describe_host(), now,
