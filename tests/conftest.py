@@ -21,6 +21,9 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # the tiny test models go to a temporary folder of this session (and of its subprocesses),
 # never into the checkout's storage/tree_sizing.
 os.environ.setdefault("TSS_TREE_SIZING_DIR", tempfile.mkdtemp(prefix="tss_tree_sizing_"))
+# Our compiled kernels (decoding/kernels/) are built from source into a folder of this session:
+# every run proves the build works on this machine, and none writes to the user's cache.
+os.environ.setdefault("TSS_KERNEL_CACHE", tempfile.mkdtemp(prefix="tss_kernels_"))
 # A suite started in the background (`bash .ci/run &` without job control, nohup) inherits
 # SIGINT *ignored*, and an ignored signal stays ignored across exec: every command and worker
 # the Ctrl-C tests start would then ignore their Ctrl-C and exit 0 (23 such failures seen on

@@ -29,9 +29,11 @@ def test_the_key_and_the_file_name_carry_the_dtype(targets, tmp_path: Path) -> N
     k32, k16 = hardware_key(targets["float32"]), hardware_key(targets["bfloat16"])
     assert (k32["dtype"], k16["dtype"]) == ("float32", "bfloat16")
     # Besides the dtype only the prepacked products (bfloat16 on a CPU whose oneDNN has them,
-    # decoding/linear.py) mark the model: the same machine, model and device.
+    # decoding/linear.py: " packed", or " rows" for our rows kernel) mark the model: the same
+    # machine, model and device.
     def rest(key: dict[str, str]) -> dict[str, str]:
-        return {**{k: v for k, v in key.items() if k != "dtype"}, "model": key["model"].removesuffix(" packed")}
+        model = key["model"].removesuffix(" packed").removesuffix(" rows")
+        return {**{k: v for k, v in key.items() if k != "dtype"}, "model": model}
 
     assert rest(k32) == rest(k16) and k32["model"] == rest(k32)["model"]
     assert table_path("latency", k32, tmp_path) != table_path("latency", k16, tmp_path)

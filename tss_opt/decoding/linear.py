@@ -1,4 +1,12 @@
-"""The linear layers of our steps through oneDNN's prepacked weights, in bfloat16 on a CPU.
+"""The linear layers of our steps through prepacked weights, in bfloat16 on a CPU.
+
+Two kernels hold the packed weights: our **rows kernel** (``kernels/rows.py``: AVX-512 BF16,
+built from C at first use, one thread; each weight read once for all of a step's rows, the
+values of oneDNN's one-row product, row-invariant) where it runs and the target computes on one
+thread, and **oneDNN**'s prepacked product elsewhere (more threads, or a CPU or machine without
+what the kernel needs). :func:`pack_linears` decides once per model and says which (INFO);
+:func:`packed_kernel` tells. What follows was measured with oneDNN and holds for both: the
+products take the packed weight for a step's few rows and ``F.linear`` otherwise.
 
 ``F.linear`` in bfloat16 on a CPU reaches oneDNN's matmul, which reorders the weight into its
 blocked layout on **every call**: for a step's few rows that reorder is most of the product.
@@ -46,9 +54,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tss_opt.decoding.kernels import rows
+
 log = logging.getLogger(__name__)
 
-__all__ = ["GRAPH_MIN_ROWS", "PACK_MAX_ROWS", "is_packed", "pack_linears", "packed_linear", "packed_linears", "packing_supported"]
+__all__ = [
+    "GRAPH_MIN_ROWS",
+    "PACK_MAX_ROWS",
+    "is_packed",
+    "pack_linears",
+    "packed_kernel",
+    "packed_linear",
+    "packed_linears",
+    "packing_supported",
+]
 
 PACK_MAX_ROWS = 16
 """Rows (tokens) up to which a layer uses its prepacked weight: the measured range where the
@@ -85,7 +104,10 @@ _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 
 
 def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """oneDNN's product on a prepacked weight: what both the eager forward and the operator run."""
+    """The product on a prepacked weight, what both the eager forward and the operator run: our
+    rows kernel on its 4-D layout (``kernels/rows.py``), else oneDNN's on its opaque tensor."""
+    if packed.dim() == 4:
+        return rows.rows_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -96,7 +118,8 @@ for _key in ("CPU", "MkldnnCPU"):
 
 @torch.library.register_fake("tss_opt::packed_linear", lib=_LIB)
 def _packed_linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+    out_features = packed.shape[0] * packed.shape[2] if packed.dim() == 4 else packed.shape[0]
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -104,7 +127,8 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
     Args:
         x: ``(..., in_features)`` in the packed weight's dtype.
-        packed: the layer's prepacked weight (oneDNN's opaque tensor, ``(out_features, in_features)``).
+        packed: the layer's prepacked weight: the rows kernel's ``(out / 16, in / 2, 16, 2)`` or
+            oneDNN's opaque tensor (``(out_features, in_features)``).
         bias: ``(out_features,)`` or ``None``.
 
     Returns:
@@ -160,12 +184,30 @@ def pack_linears(model: Any) -> int:
         log.info("bfloat16 linear layers kept unpacked: their packed copies (%.0f MB) would take more than "
                  "%.0f %% of the available memory (%.0f MB)", need / 1e6, 100 * MEMORY_SHARE, avail / 1e6)
         return 0
+    # Our rows kernel where it runs and the target computes on one thread (it is
+    # single-threaded; on two threads oneDNN's products of 1-8 rows were as fast, and it scales
+    # further): the same values, each weight read once (kernels/rows.py). Decided once, here.
+    use_rows = torch.get_num_threads() == 1 and rows.available()
+    kernels = {"rows": 0, "oneDNN": 0}
     for m in todo:
+        mine = use_rows and rows.fits(m.weight)
         # A plain attribute, not a buffer: state_dict, save_pretrained and exports never see it.
-        setattr(m, _PACKED, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1))
+        setattr(m, _PACKED, rows.pack(m.weight) if mine else torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1))
         m.forward = types.MethodType(_forward, m)
-    log.debug("packed %d bfloat16 linear layers for oneDNN (%.0f MB)", len(todo), need / 1e6)
+        kernels["rows" if mine else "oneDNN"] += 1
+    log.info("bfloat16 step products prepacked (%.0f MB): %s", need / 1e6,
+             ", ".join(f"{n} layers for {k}" for k, n in kernels.items() if n))
     return len(todo)
+
+
+def packed_kernel(model: Any) -> str | None:
+    """``"rows"`` where any linear layer of ``model`` runs our rows kernel, ``"onednn"`` where
+    they are packed for oneDNN only, ``None`` where none is packed (latency tables are keyed by
+    it, decoding/sizing/latency.py: the kernels cost differently)."""
+    kinds = {getattr(m, _PACKED).dim() == 4 for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, _PACKED)}
+    if not kinds:
+        return None
+    return "rows" if True in kinds else "onednn"
 
 
 def is_packed(model: Any) -> bool:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.decoding.linear import packed_kernel
 from tss_opt.decoding.sizing.measured import (
     MeasuredTable,
     TreeSizingError,
@@ -154,8 +155,11 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
         name += " padded"
     if getattr(target, "packed", False):  # so do prepacked bfloat16 products (decoding/linear.py)
         # A compiled target uses them inside its graphs too (since 2026-12-05): a table of the
-        # graphs' earlier aten::mm products ("compiled packed") must not size it.
-        name += " packed+graph" if target.compiled else " packed"
+        # graphs' earlier aten::mm products ("compiled packed") must not size it. Our rows
+        # kernel (since 2026-12-06, decoding/kernels/rows.py) prices verification lower than
+        # oneDNN's products: " rows", never sized by a oneDNN table nor the reverse.
+        kind = "rows" if packed_kernel(target.model) == "rows" else "packed"
+        name += f" {kind}+graph" if target.compiled else f" {kind}"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
 

@@ -1,0 +1,235 @@
+"""Our bfloat16 rows kernel against oneDNN's prepacked products, side by side in one process.
+
+    python benchmarks/rows_kernel.py                       # products, steps, 4 prompts per length
+    python benchmarks/rows_kernel.py --parts products      # the products alone (a minute)
+    python benchmarks/rows_kernel.py --parts steps,decode --prompts 2 --max-new-tokens 32
+
+On the embedded model in bfloat16, one thread (``tss_opt/decoding/kernels/rows.py``), three parts:
+
+1. ``products``: every linear layer of the model (SmolLM2: 210 decoder products and the output
+   head) on 1, 2, 4, 8 and 16 rows through our kernel, oneDNN's prepacked product and
+   ``F.linear``, rounds interleaved, beside a plain sum of the same weights (the bandwidth
+   limit, timed in the same rounds). Columns: median ms, GB/s of weights streamed, ratios.
+2. ``steps``: verification steps of 1, 2, 4, 8 and 16 slots (a chain of 0-15 drafted tokens)
+   after ``--lengths`` cached tokens, eager and compiled, on two copies of the model, one packed
+   for each kernel; steps alternate, median of ``--steps``.
+3. ``decode``: plain greedy decoding and prompt lookup (``num_tokens: auto``, sized per request
+   from each target's own latency table), eager and compiled, per kernel, on summarization
+   calibration prompts at each length, the order of the arms rotating per prompt. Columns:
+   decode tokens/s (median over prompts), the rows/oneDNN ratio (median of per-prompt ratios),
+   accepted tokens per step, and the lossless verdict of every arm against the same kernel's
+   plain eager decoding (``decoding/lossless.py``: identical, or a near-tie; a divergence
+   prints FAIL and exits 1).
+
+Without the kernel here (no AVX-512 BF16, no C compiler) it says why and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from omegaconf import OmegaConf  # noqa: E402
+from packed_linear import _at_length  # noqa: E402  (benchmarks/, the script's folder)
+
+from tss_opt.assembly import assemble, compose_config  # noqa: E402
+from tss_opt.config import config_dir  # noqa: E402
+from tss_opt.decoding import linear  # noqa: E402
+from tss_opt.decoding.cache import crop_to  # noqa: E402
+from tss_opt.decoding.compiled import CompiledTarget  # noqa: E402
+from tss_opt.decoding.drafters import build_drafter  # noqa: E402
+from tss_opt.decoding.engine import SpeculativeEngine  # noqa: E402
+from tss_opt.decoding.kernels import rows  # noqa: E402
+from tss_opt.decoding.lossless import check_lossless  # noqa: E402
+from tss_opt.decoding.target import TargetModel  # noqa: E402
+from tss_opt.decoding.tree import DraftTree  # noqa: E402
+from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
+
+ROW_COUNTS = (1, 2, 4, 8, 16)
+KERNELS = ("rows", "onednn")
+
+
+def _median_s(fn: Callable[[], Any], out: list[float]) -> None:
+    t0 = time.perf_counter()
+    fn()
+    out.append(time.perf_counter() - t0)
+
+
+@torch.inference_mode()
+def products(model: Any, rounds: int) -> list[str]:
+    """Part 1: every linear weight of ``model`` through the three products, per row count."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights = [w for w in weights if rows.fits(w)]
+    ours = [rows.pack(w) for w in weights]
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+    n_bytes = sum(w.numel() * w.element_size() for w in weights)
+    lines = [f"{len(weights)} linear weights, {n_bytes / 1e6:.0f} MB; median of {rounds} interleaved rounds", "",
+             "| rows | sum of the weights ms | rows kernel ms | oneDNN prepacked ms | F.linear ms | rows GB/s | oneDNN GB/s "
+             "| oneDNN / rows | F.linear / rows | rows / sum |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    g = torch.Generator().manual_seed(0)
+    for m in ROW_COUNTS:
+        xs = {k: torch.randn(m, k, generator=g).to(torch.bfloat16) for k in {w.shape[1] for w in weights}}
+        arms: dict[str, Callable[[], Any]] = {
+            "sum": lambda: [w.sum() for w in weights],
+            "rows": lambda xs=xs: [rows.rows_linear(xs[w.shape[1]], p) for w, p in zip(weights, ours)],
+            "onednn": lambda xs=xs: [torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], p, None, "none", [], "")
+                               for w, p in zip(weights, onednn)],
+            "f.linear": lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in weights],
+        }
+        times: dict[str, list[float]] = {a: [] for a in arms}
+        for r in range(rounds + 1):
+            for a in list(arms)[r % 4:] + list(arms)[: r % 4]:
+                _median_s(arms[a], times[a] if r else [])
+        s, o, d, f = (statistics.median(times[a]) for a in ("sum", "rows", "onednn", "f.linear"))
+        lines.append(f"| {m} | {s * 1e3:.2f} | {o * 1e3:.2f} | {d * 1e3:.2f} | {f * 1e3:.2f} | {n_bytes / o / 1e9:.1f} "
+                     f"| {n_bytes / d / 1e9:.1f} | {d / o:.2f}x | {f / o:.2f}x | {o / s:.2f}x |")
+    return lines
+
+
+def _chain(n: int) -> DraftTree:
+    return DraftTree(tokens=torch.arange(3, 3 + n), parents=tuple(range(-1, n - 1))) if n else DraftTree.empty()
+
+
+@torch.inference_mode()
+def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, vocab: int) -> list[str]:
+    """Part 2: verification steps of each slot count, per target, alternating."""
+    lines = ["| cached | slots | " + " | ".join(f"{n} ms" for n in targets) + " | oneDNN / rows, eager | oneDNN / rows, compiled |",
+             "|---:|---:|" + "---:|" * (len(targets) + 2)]
+    for length in lengths:
+        prompt = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
+        caches = {}
+        for name, t in targets.items():
+            caches[name] = t.new_cache()
+            t.prefill(prompt, caches[name])
+        for slots in ROW_COUNTS:
+            tree = _chain(slots - 1)
+            times: dict[str, list[float]] = {n: [] for n in targets}
+            for i in range(n_steps + 2):  # two warm-up steps
+                names = list(targets)
+                for name in names[i % len(names):] + names[: i % len(names)]:
+                    t0 = time.perf_counter()
+                    targets[name].verify_forward(int(prompt[i % length]), tree, caches[name], length)
+                    if i >= 2:
+                        times[name].append(time.perf_counter() - t0)
+                    crop_to(caches[name], length)
+            med = {n: statistics.median(v) for n, v in times.items()}
+            lines.append(f"| {length} | {slots} | " + " | ".join(f"{v * 1e3:.1f}" for v in med.values())
+                         + f" | {med['oneDNN, eager'] / med['rows, eager']:.2f}x"
+                         + f" | {med['oneDNN, compiled'] / med['rows, compiled']:.2f}x |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="products,steps,decode")
+    ap.add_argument("--rounds", type=int, default=15, help="rounds of the products part")
+    ap.add_argument("--steps", type=int, default=20, help="steps per slot count of the steps part")
+    ap.add_argument("--lengths", default="64,0", help="prompt lengths in tokens; 0: the domain's own (steps: 800)")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # the kernel's condition (decoding/linear.py)
+    parts = set(args.parts.split(","))
+    if rows.unavailable_reason() is not None or not rows.available():
+        print(f"the rows kernel cannot run here ({rows.unavailable_reason() or 'its build failed'}): nothing to compare")
+        return
+    settings = ["dtype=bfloat16", f"model.cache_dir={REPO / 'storage' / 'models'}"]
+    rt = assemble(compose_config(settings))
+    real = rows.available
+    rows.available = lambda: False  # the second copy packs for oneDNN
+    try:
+        rt_dnn = assemble(compose_config(settings))
+    finally:
+        rows.available = real
+    kinds = (linear.packed_kernel(rt.loaded.model), linear.packed_kernel(rt_dnn.loaded.model))
+    assert kinds == ("rows", "onednn"), kinds
+    print(f"# rows_kernel: SmolLM2-135M bfloat16, 1 thread, torch {torch.__version__}; load average "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    lengths = [int(x) for x in args.lengths.split(",")]
+    if "products" in parts:
+        print("\n## 1. The products\n")
+        print("\n".join(products(rt.loaded.model, args.rounds)), flush=True)
+    compiled = {"rows": CompiledTarget(rt.loaded.model), "onednn": CompiledTarget(rt_dnn.loaded.model)}
+    if "steps" in parts:
+        print(f"\n## 2. Verification steps (median of {args.steps}, the four targets alternating)\n")
+        targets = {"rows, eager": rt.target, "oneDNN, eager": rt_dnn.target,
+                   "rows, compiled": compiled["rows"], "oneDNN, compiled": compiled["onednn"]}
+        print("\n".join(steps(targets, [n or 800 for n in lengths], args.steps, int(rt.loaded.model.config.vocab_size))),
+              flush=True)
+    if "decode" in parts:
+        decode(rt, rt_dnn, compiled, lengths, args.prompts, args.max_new_tokens)
+
+
+def decode(rt: Any, rt_dnn: Any, compiled: dict[str, CompiledTarget], lengths: list[int], n_prompts: int, n: int) -> None:
+    """Part 3: whole requests per kernel, eager and compiled, plain and prompt lookup."""
+    tok = rt.loaded.tokenizer
+    eos = list(rt.eos_token_ids)
+    dom = load_domain(OmegaConf.load(config_dir() / "domain" / "summarization.yaml"))
+    cal = [format_prompt(tok, ex, dom.config.system_prompt) for ex in dom.split("calibration")]
+    pld_cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / "pld.yaml"), {"num_tokens": "auto"})
+    eager = {"rows": rt.target, "onednn": rt_dnn.target}
+    loaded = {"rows": rt.loaded, "onednn": rt_dnn.loaded}
+    arms: dict[tuple[str, str], tuple[TargetModel, Any]] = {}
+    for k in KERNELS:
+        arms[(k, "plain")] = (eager[k], None)
+        arms[(k, "prompt lookup, auto")] = (eager[k], build_drafter(pld_cfg, eager[k], loaded[k]))
+        arms[(k, "plain, compiled")] = (compiled[k], None)
+        arms[(k, "prompt lookup, auto, compiled")] = (compiled[k], build_drafter(pld_cfg, compiled[k], loaded[k]))
+    failures: list[str] = []
+    for length in lengths:
+        prompts = [_at_length(cal[i % len(cal)], length, cal[-1]) for i in range(n_prompts)]
+        for target, _ in arms.values():  # compile every bucket before anything is timed
+            if target.compiled:
+                SpeculativeEngine(target, None, eos_token_ids=eos).generate(prompts[0], max_new_tokens=4)
+        rate: dict[tuple[str, str], list[float]] = {a: [] for a in arms}
+        accepted: dict[tuple[str, str], list[float]] = {a: [] for a in arms}
+        verdicts: dict[tuple[str, str], list[str]] = {a: [] for a in arms}
+        for i, ids in enumerate(prompts):
+            order = list(arms)[i % len(arms):] + list(arms)[: i % len(arms)]
+            out: dict[tuple[str, str], list[int]] = {}
+            for a in order:
+                target, drafter = arms[a]
+                res = SpeculativeEngine(target, drafter, eos_token_ids=eos).generate(ids, max_new_tokens=n)
+                out[a] = res.tokens.tolist()
+                rate[a].append((len(res.tokens) - 1) / (res.stats.total_s - res.stats.prefill_s))
+                accepted[a].append(res.stats.accept_length)
+            for a in arms:
+                plain = out[(a[0], "plain")]
+                v = check_lossless(eager[a[0]], ids, plain, out[a]).verdict
+                verdicts[a].append(v)
+                if v == "diverged":
+                    failures.append(f"{a[0]} {a[1]}, length {length}, prompt {i}: {v} against plain decoding")
+        print(f"\n## 3. Decoding: prompts of {length or 'the domain’s own length'} tokens, {n_prompts} prompts x {n} "
+              "new tokens, bfloat16\n")
+        print("| method | oneDNN tok/s | rows tok/s | rows / oneDNN | accepted (oneDNN, rows) | rows vs plain | oneDNN vs plain |")
+        print("|---|---:|---:|---:|---|---|---|")
+        for m in dict.fromkeys(a[1] for a in arms):
+            r, d = rate[("rows", m)], rate[("onednn", m)]
+            ratio = statistics.median(x / y for x, y in zip(r, d))
+            acc = f"{statistics.median(accepted[('onednn', m)]):.2f}, {statistics.median(accepted[('rows', m)]):.2f}"
+
+            def tally(vs: list[str]) -> str:
+                return ", ".join(f"{vs.count(v)} {v}" for v in dict.fromkeys(vs))
+
+            print(f"| {m} | {statistics.median(d):.2f} | {statistics.median(r):.2f} | {ratio:.2f}x | {acc} "
+                  f"| {tally(verdicts[('rows', m)])} | {tally(verdicts[('onednn', m)])} |", flush=True)
+    for f in failures:
+        print(f"FAIL: {f}")
+    if failures:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Our bfloat16 product for a step's few rows (``rows_bf16.c``), built at first use.
+
+On a CPU with AVX-512 BF16 and no AMX (an AMD EPYC of family 25, 2026-12-06, one thread,
+``benchmarks/rows_kernel.py``), oneDNN's prepacked bfloat16 products of 1 to 8 rows stream
+SmolLM2's weights at about 11 GB/s where a plain sum of them reads 20, so a step that verifies
+a draft costs well over a plain one. ``rows_bf16.c`` keeps a tile of weights in registers for
+every row of the step and reads each weight once: 1-4 rows at the sum's rate.
+
+The C file is compiled here with the system's C compiler (``$CC``, else ``cc``; about 3 s) into
+a per-user cache (``$TSS_KERNEL_CACHE``, else ``~/.cache/tss_opt/kernels``), named by a hash of
+the source, the flags and the compiler, and loaded with ``ctypes``; concurrent processes each
+write their own temporary file and rename it into place. Where the CPU lacks the instructions,
+no compiler is found, or the build fails, :func:`library` returns ``None`` and says why once
+(INFO): the caller keeps oneDNN. ``TSS_ROWS_KERNEL=0`` turns it off.
+
+The product is **row-invariant**: each output element is one float32 accumulator over the
+input's pairs in order, whatever the row count, so a token verified among 16 rows gets the same
+bits as alone (oneDNN's products change their blocking with the row count: 13 rows differed
+from 1 row in the last place, same script). Its values equal oneDNN's one-row product's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from tss_opt.models.precision import cpu_flags
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BLOCK", "available", "fits", "library", "pack", "rows_linear", "unavailable_reason"]
+
+SOURCE = Path(__file__).with_name("rows_bf16.c")
+FLAGS: tuple[str, ...] = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-shared", "-fPIC")
+NEEDED_FLAGS: tuple[str, ...] = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+"""``/proc/cpuinfo`` flags the compiled code uses."""
+BLOCK = 16
+"""Outputs per block of the packed layout (one 512-bit float32 accumulator)."""
+BUILD_TIMEOUT_S = 120
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TSS_KERNEL_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tss_opt" / "kernels"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot run here (``None`` where it can be built): the switch, the CPU
+    flags, or the compiler. A failed build is reported by :func:`library`."""
+    if os.environ.get("TSS_ROWS_KERNEL", "1") == "0":
+        return "TSS_ROWS_KERNEL=0"
+    missing = [f for f in NEEDED_FLAGS if f not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    if _compiler() is None:
+        return f"no C compiler ({os.environ.get('CC', 'cc')}, gcc) on PATH"
+    return None
+
+
+def _build(cc: str) -> Path:
+    """Compile ``rows_bf16.c`` into the cache unless a build of the same source, flags and
+    compiler is there; returns the shared library's path."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, cc, version]).encode()).hexdigest()[:16]
+    cache = _cache_dir()
+    target = cache / f"rows_bf16-{digest}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    # Its own temporary name, then an atomic rename: two processes building at once (CI's two
+    # suites) never load a half-written file.
+    fd, tmp = tempfile.mkstemp(prefix="rows_bf16-", suffix=".so.tmp", dir=cache)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, built on first call; ``None`` (said once, INFO) where it cannot run."""
+    reason = unavailable_reason()
+    lib = None
+    if reason is None:
+        try:
+            lib = ctypes.CDLL(str(_build(_compiler() or "cc")))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            reason = f"building {SOURCE.name} failed ({exc})"
+    if lib is None:
+        log.info("bfloat16 step products through oneDNN, not our rows kernel: %s", reason)
+        return None
+    fn = lib.tss_rows_linear
+    p, n = ctypes.c_void_p, ctypes.c_long
+    fn.argtypes = [p, n, n, p, p, p, n, n, n]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    """Whether the kernel runs here (builds it on first call)."""
+    return library() is not None
+
+
+def fits(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` (``(out_features, in_features)``) has a shape the layout holds:
+    bfloat16, outputs a multiple of :data:`BLOCK`, an even number of inputs."""
+    return weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.shape[0] % BLOCK == 0 and weight.shape[1] % 2 == 0 and weight.shape[0] > 0
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``(N, K)`` in the kernel's layout: ``(N / 16, K / 2, 16, 2)``, contiguous (a copy)."""
+    if not fits(weight):
+        raise ValueError(f"rows kernel: weight of shape {tuple(weight.shape)} and dtype {weight.dtype} "
+                         f"cannot be packed; expected bfloat16 (N, K) with N a multiple of {BLOCK} and K even")
+    n, k = weight.shape
+    return weight.detach().reshape(n // BLOCK, BLOCK, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def rows_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through the kernel, ``packed = pack(weight)``.
+
+    Args:
+        x: ``(..., K)`` bfloat16 on the CPU.
+        packed: ``(N / 16, K / 2, 16, 2)`` from :func:`pack`.
+        bias: ``(N,)`` or ``None`` (added in float32 before the one rounding to bfloat16).
+
+    Returns:
+        ``(..., N)`` bfloat16.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"rows kernel unavailable: {unavailable_reason() or 'its build failed (see the INFO log)'}")
+    n, k = packed.shape[0] * BLOCK, packed.shape[1] * 2
+    if x.dtype != torch.bfloat16 or x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"rows kernel: input {tuple(x.shape)} {x.dtype} on {x.device}; expected bfloat16 (..., {k}) on the CPU")
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16)
+    m = rows.shape[0]
+    if m == 0:
+        return out
+    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    rc = lib.tss_rows_linear(rows.data_ptr(), rows.stride(0), m, packed.data_ptr(),
+                             None if b is None else b.data_ptr(), out.data_ptr(), n, n, k)
+    if rc != 0:  # pack() admits only shapes the kernel takes; this is a bug, not bad input
+        raise RuntimeError(f"rows kernel rejected x {tuple(x.shape)} against packed {tuple(packed.shape)}")
+    return out
