@@ -61,7 +61,8 @@ ROW_COUNTS = (1, 2, 4, 8, 16)
 KERNELS = ("rows", "onednn")
 
 
-def _median_s(fn: Callable[[], Any], out: list[float]) -> None:
+def _time_into(fn: Callable[[], Any], out: list[float]) -> None:
+    """Run ``fn`` once and append its seconds to ``out``."""
     t0 = time.perf_counter()
     fn()
     out.append(time.perf_counter() - t0)
@@ -91,7 +92,7 @@ def products(model: Any, rounds: int) -> list[str]:
         times: dict[str, list[float]] = {a: [] for a in arms}
         for r in range(rounds + 1):
             for a in list(arms)[r % 4:] + list(arms)[: r % 4]:
-                _median_s(arms[a], times[a] if r else [])
+                _time_into(arms[a], times[a] if r else [])  # round 0 warms up
         s, o, d, f = (statistics.median(times[a]) for a in ("sum", "rows", "onednn", "f.linear"))
         lines.append(f"| {m} | {s * 1e3:.2f} | {o * 1e3:.2f} | {d * 1e3:.2f} | {f * 1e3:.2f} | {n_bytes / o / 1e9:.1f} "
                      f"| {n_bytes / d / 1e9:.1f} | {d / o:.2f}x | {f / o:.2f}x | {o / s:.2f}x |")

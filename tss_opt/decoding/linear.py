@@ -204,10 +204,11 @@ def packed_kernel(model: Any) -> str | None:
     """``"rows"`` where any linear layer of ``model`` runs our rows kernel, ``"onednn"`` where
     they are packed for oneDNN only, ``None`` where none is packed (latency tables are keyed by
     it, decoding/sizing/latency.py: the kernels cost differently)."""
-    kinds = {getattr(m, _PACKED).dim() == 4 for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, _PACKED)}
-    if not kinds:
+    # The rows kernel's layout is a dense 4-D tensor; oneDNN's is its opaque 2-D one.
+    dims = {getattr(m, _PACKED).dim() for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, _PACKED)}
+    if not dims:
         return None
-    return "rows" if True in kinds else "onednn"
+    return "rows" if 4 in dims else "onednn"
 
 
 def is_packed(model: Any) -> bool:
