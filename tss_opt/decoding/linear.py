@@ -185,8 +185,9 @@ def pack_linears(model: Any) -> int:
                  "%.0f %% of the available memory (%.0f MB)", need / 1e6, 100 * MEMORY_SHARE, avail / 1e6)
         return 0
     # Our rows kernel where it runs and the target computes on one thread (it is
-    # single-threaded; on two threads oneDNN's products of 1-8 rows were as fast, and it scales
-    # further): the same values, each weight read once (kernels/rows.py). Decided once, here.
+    # single-threaded; on two threads oneDNN's products of 4-16 rows were as fast as its one
+    # thread or faster, and oneDNN scales further): the same values, each weight read once
+    # (kernels/rows.py). Decided once, here.
     use_rows = torch.get_num_threads() == 1 and rows.available()
     kernels = {"rows": 0, "oneDNN": 0}
     for m in todo:
