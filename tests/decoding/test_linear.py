@@ -95,25 +95,25 @@ def test_more_rows_than_the_bound_keep_f_linear(monkeypatch):
     assert torch.equal(out, F.linear(x, layer.weight))
 
 
+def verify_and_decode(target: TargetModel) -> tuple[torch.Tensor, list[int]]:
+    """A fixed tree's verification logits after a prefill, and 12 greedy tokens, of a fixed prompt."""
+    prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
+    tree = DraftTree(tokens=torch.tensor([3, 4, 5, 6]), parents=(-1, 0, 0, 2))
+    cache = target.new_cache()
+    logits, _ = target.prefill(prompt, cache)
+    verified, _ = target.verify_forward(int(logits[-1].argmax()), tree, cache, len(prompt))
+    return verified, SpeculativeEngine(target).generate(prompt, max_new_tokens=12).tokens.tolist()
+
+
 @needs_bf16
 def test_a_bfloat16_target_decodes_the_same_tokens_packed_and_unpacked(monkeypatch):
     """The whole target: verification logits and greedy tokens with the packed products equal
     those of F.linear (PACK_MAX_ROWS = 0 turns the packed path off)."""
     target = TargetModel(tiny(torch.bfloat16))
     assert all(hasattr(m, "_tss_packed_weight") for m in target.model.modules() if isinstance(m, torch.nn.Linear))
-    prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
-    tree = DraftTree(tokens=torch.tensor([3, 4, 5, 6]), parents=(-1, 0, 0, 2))
-
-    def run() -> tuple[torch.Tensor, list[int]]:
-        cache = target.new_cache()
-        logits, _ = target.prefill(prompt, cache)
-        verified, _ = target.verify_forward(int(logits[-1].argmax()), tree, cache, len(prompt))
-        tokens = SpeculativeEngine(target).generate(prompt, max_new_tokens=12).tokens.tolist()
-        return verified, tokens
-
-    packed = run()
+    packed = verify_and_decode(target)
     monkeypatch.setattr(linear, "PACK_MAX_ROWS", 0)
-    plain = run()
+    plain = verify_and_decode(target)
     assert torch.equal(packed[0], plain[0])
     assert packed[1] == plain[1]
 

@@ -8,15 +8,14 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from test_linear import verify_and_decode  # tests/decoding: the packed-vs-F.linear run
 
 from tss_opt.config.model import TinyConfig
 from tss_opt.decoding import linear
 from tss_opt.decoding.compiled import CompiledTarget
-from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.kernels import rows
 from tss_opt.decoding.sizing import hardware_key
 from tss_opt.decoding.target import TargetModel
-from tss_opt.decoding.tree import DraftTree
 from tss_opt.models.tiny import build_tiny_model
 
 needs_kernel = pytest.mark.skipif(
@@ -112,18 +111,9 @@ def test_on_one_thread_the_target_packs_for_the_rows_kernel_and_decodes_as_f_lin
     key = hardware_key(target)["model"]
     assert key.endswith(" rows") and " packed" not in key
     assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+graph")
-    prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
-    tree = DraftTree(tokens=torch.tensor([3, 4, 5, 6]), parents=(-1, 0, 0, 2))
-
-    def run() -> tuple[torch.Tensor, list[int]]:
-        cache = target.new_cache()
-        logits, _ = target.prefill(prompt, cache)
-        verified, _ = target.verify_forward(int(logits[-1].argmax()), tree, cache, len(prompt))
-        return verified, SpeculativeEngine(target).generate(prompt, max_new_tokens=12).tokens.tolist()
-
-    packed = run()
+    packed = verify_and_decode(target)
     monkeypatch.setattr(linear, "PACK_MAX_ROWS", 0)  # F.linear everywhere
-    plain = run()
+    plain = verify_and_decode(target)
     assert torch.allclose(packed[0].float(), plain[0].float(), rtol=2**-6, atol=0.05)
     assert packed[1] == plain[1]
 
