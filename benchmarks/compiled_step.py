@@ -5,8 +5,9 @@
 
 Per cached length (64 and 800 tokens by default): the median time of a plain step (one
 token verified, no draft) eager and compiled (``decoding/compiled.py``), dense and with one
-skip set, and the compiled step again with dynamo's every guard (``lean_guards=False``: the
-graphs' guard checks, which ``tensor_guards`` trims; the three targets' steps alternate), against the time to read every parameter once (a sum of each, the "weights copy":
+skip set, the compiled step again with every call through dynamo's frame (``direct=False``:
+what ``decoding/direct.py`` skips) and with dynamo's every guard (``lean_guards=False``: the
+graphs' guard checks, which ``tensor_guards`` trims; the four targets' steps alternate), against the time to read every parameter once (a sum of each, the "weights copy":
 the step's bandwidth limit when weights dominate its bytes). Also checks that the compiled
 target with prompt lookup decodes the eager target's plain greedy tokens. The machine's load (``os.getloadavg``) is
 printed: on the shared development machine quote the medians with it.
@@ -115,8 +116,8 @@ def tokens_pair(eager: TargetModel, compiled: TargetModel, prompt: torch.Tensor,
 
 
 def measure(model: Any, lengths: list[int], skips: list[tuple[int, ...]], steps: int, check_tokens: int) -> dict[str, Any]:
-    """Every figure of the table: ``rows`` of (length, skip, eager s, compiled s, compiled with
-    every guard s, weights read s), the
+    """Every figure of the table: ``rows`` of (length, skip, eager s, compiled s, compiled through
+    dynamo s, compiled with every guard s, weights read s), the
     weights-read time, the first compile's time, graphs compiled, and per skip set the
     tokens of :func:`tokens_pair` on ``prompt`` (a random 32-token text said twice)."""
     vocab = int(model.config.vocab_size)
@@ -125,11 +126,12 @@ def measure(model: Any, lengths: list[int], skips: list[tuple[int, ...]], steps:
     compiled = CompiledTarget(model)
     step_s([compiled], lengths[0], (), 1, vocab)  # the first compile, timed apart
     compile_s = time.perf_counter() - t0
+    through = CompiledTarget(model, direct=False)
     guarded = CompiledTarget(model, lean_guards=False)
     rows = []
     for length in lengths:
         for skip in skips:
-            rows.append((length, skip, *step_s([eager, compiled, guarded], length, skip, steps, vocab, read=True)))
+            rows.append((length, skip, *step_s([eager, compiled, through, guarded], length, skip, steps, vocab, read=True)))
     prompt = torch.randint(0, vocab, (32,), generator=torch.Generator().manual_seed(1)).repeat(2)
     tokens = {skip: tokens_pair(eager, compiled, prompt, check_tokens, skip) for skip in skips}
     verdicts = {skip: check_lossless(eager, prompt, a, b, skip).verdict for skip, (a, b) in tokens.items()}
@@ -143,12 +145,12 @@ def table(res: dict[str, Any], weight_bytes: int) -> list[str]:
     out = [f"weights read once: {w * 1e3:.1f} ms ({weight_bytes / w / 1e9:.1f} GB/s over {weight_bytes / 1e6:.0f} MB; "
            "median of 7 at the end); each row's read time is timed between its steps; "
            f"first compile {res['compile_s']:.1f} s; graphs compiled: {res['compilations']}",
-           "| cached | skip | eager ms | compiled ms | compiled, every guard ms | weights read ms (same run) "
-           "| eager / compiled | every guard / compiled | compiled / weights read |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for length, skip, e, c, g, r in res["rows"]:
-        out.append(f"| {length} | {list(skip) or 'dense'} | {e * 1e3:.1f} | {c * 1e3:.1f} | {g * 1e3:.1f} | {r * 1e3:.1f} "
-                   f"| {e / c:.2f}x | {g / c:.3f}x | {c / r:.2f}x |")
+           "| cached | skip | eager ms | compiled ms | through dynamo ms | every guard ms | weights read ms (same run) "
+           "| eager / compiled | through dynamo / compiled | every guard / compiled | compiled / weights read |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for length, skip, e, c, d, g, r in res["rows"]:
+        out.append(f"| {length} | {list(skip) or 'dense'} | {e * 1e3:.1f} | {c * 1e3:.1f} | {d * 1e3:.1f} | {g * 1e3:.1f} "
+                   f"| {r * 1e3:.1f} | {e / c:.2f}x | {d / c:.3f}x | {g / c:.3f}x | {c / r:.2f}x |")
     verdicts = res.get("verdicts", {})
     out.append("compiled tokens (prompt lookup) against eager plain tokens (tss_opt/decoding/lossless.py): "
                + ", ".join(f"{list(s) or 'dense'}: {verdicts.get(s, 'identical' if a == b else 'differ')}"

@@ -43,6 +43,7 @@ import torch._inductor.config
 
 from tss_opt.decoding.attention import verify_attention
 from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate, with_cache
+from tss_opt.decoding.direct import DirectCompiled
 from tss_opt.decoding.host_syncs import upload
 from tss_opt.decoding.linear import packed_linears
 from tss_opt.decoding.target import TargetModel
@@ -55,6 +56,11 @@ of 8 graphs per compiled function)."""
 
 KEY_BLOCK = 128
 """The attention window (cached positions read) is rounded up to a multiple of this."""
+
+WINDOW_SIZES = frozenset({"L['mask'].size()[3]", "L['keys'].size()[2]", "L['values'].size()[2]"})
+"""The sizes of a layer graph's inputs that change under one bucket (the attention window and
+the cache buffers' length, marked dynamic): a bucket's graph is called directly only where
+they are its inputs (:class:`~tss_opt.decoding.direct.DirectCompiled`)."""
 
 ROOM = 512
 """Positions preallocated past the prefix when a cache is made static (the buffers double
@@ -194,12 +200,17 @@ class CompiledTarget(TargetModel):
             captured graph as is: bit-identical to the eager step, for debugging).
         lean_guards: keep only :func:`tensor_guards` where the layers are alike (``False``:
             dynamo's every guard, the benchmarks' side-by-side arm).
+        direct: with lean guards, call each bucket's graphs directly once dynamo has served
+            them (:class:`~tss_opt.decoding.direct.DirectCompiled`; ``False``: every call
+            through dynamo's frame, the benchmarks' side-by-side arm).
 
     Attributes:
         compilations: graphs compiled so far (each call of the backend), for tests and
             benchmarks: a change of skip set must not add any.
         lean_guards: whether the layer graphs keep only :func:`tensor_guards` (the layers are
             alike); hooks registered on the layers after the target is built are then not seen.
+        direct: whether checked graphs are called past dynamo's frame (lean guards and
+            ``direct=True``).
     """
 
     compiled = True
@@ -212,6 +223,7 @@ class CompiledTarget(TargetModel):
         max_context: int | None = None,
         backend: str | Callable[..., Any] = "inductor",
         lean_guards: bool = True,
+        direct: bool = True,
     ) -> None:
         super().__init__(model, layers_path, max_context)
         missing = [n for n in ("embed_tokens", "rotary_emb", "norm") if not hasattr(self.decoder, n)]
@@ -247,12 +259,19 @@ class CompiledTarget(TargetModel):
         fn = types.FunctionType(_layer_step.__code__.replace(), _layer_step.__globals__, "_layer_step")
         self.lean_guards = lean_guards and layers_alike(self.layers)
         layer_guards = {"guard_filter_fn": tensor_guards} if self.lean_guards else None
-        self._step = torch.compile(fn, backend=counting, fullgraph=True, dynamic=False, options=layer_guards)
-        self._head: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        # Direct calls skip dynamo's guards: only where they are the lean ones (the layers alike),
+        # whose every check the bucket (the key) and the window's sizes (``varying``) cover.
+        self.direct = direct and self.lean_guards
+        self._step = DirectCompiled(
+            fn, counting, varying=WINDOW_SIZES, enabled=self.direct, fullgraph=True, dynamic=False, options=layer_guards,
+        )
+        self._head: DirectCompiled | None = None
         if self.device.type == "cpu" and isinstance(self.lm_head, torch.nn.Linear):
             head = types.FunctionType(_head_step.__code__.replace(), _head_step.__globals__, "_head_step")
             head_guards = {"guard_filter_fn": tensor_guards} if lean_guards else None  # one module: alike
-            self._head = torch.compile(head, backend=counting, fullgraph=True, dynamic=False, options=head_guards)
+            self._head = DirectCompiled(
+                head, counting, enabled=self.direct, fullgraph=True, dynamic=False, options=head_guards,
+            )
 
     @torch.inference_mode()
     def verify_forward(
@@ -289,7 +308,7 @@ class CompiledTarget(TargetModel):
         with verify_attention(self.model):  # traced into the graph: the eager step's attention
             hidden = self._layers(hidden, mask, cos, sin, pos, slots, cache, skip, prefix_len, n1, window)
         if n1 == 1 and self._head is not None:  # a plain step on a CPU: one graph for the norm and the head
-            logits, normed = self._head(self.decoder.norm, self.lm_head, hidden[:, :1])
+            logits, normed = self._head(None, self.decoder.norm, self.lm_head, hidden[:, :1])
             return logits[0], normed[0]
         hidden = self.decoder.norm(hidden)[0, :n1]  # [n+1, H]
         with packed_linears():  # the head runs eagerly here: prepacked where it applies (linear.py)
@@ -301,6 +320,8 @@ class CompiledTarget(TargetModel):
     ) -> torch.Tensor:
         """Every running layer through the compiled graph (``(1, B, hidden)`` in and out)."""
         ctr = self.skipper
+        bucket = hidden.shape[1]
+        through_dynamo = bucket not in self._step.direct  # dynamo reads the dynamic-size hints
         for idx, layer in enumerate(self.layers):
             if idx in skip:
                 continue  # bypass: the block's input flows on (skip.py's rule, outside the graph)
@@ -309,11 +330,12 @@ class CompiledTarget(TargetModel):
                 "a running layer holds the whole prefix"
             )
             keys, values = kv.buffers(window)  # [1, H_kv, C, D], C >= W: the preallocated buffers
-            torch._dynamo.maybe_mark_dynamic(keys, 2)  # C doubles when a request outgrows it
-            torch._dynamo.maybe_mark_dynamic(values, 2)
-            torch._dynamo.maybe_mark_dynamic(mask, 3)
+            if through_dynamo:
+                torch._dynamo.maybe_mark_dynamic(keys, 2)  # C doubles when a request outgrows it
+                torch._dynamo.maybe_mark_dynamic(values, 2)
+                torch._dynamo.maybe_mark_dynamic(mask, 3)
             ctr.executed_layers += 1
-            hidden = self._step(layer, hidden, mask, cos, sin, pos, keys, values, slots)
+            hidden = self._step(bucket, layer, hidden, mask, cos, sin, pos, keys, values, slots)
             kv.set_length(prefix_len + n1)  # the pad slots' keys/values stay outside
         return hidden
 
