@@ -88,6 +88,32 @@ def test_a_size_compiled_in_as_a_constant_keeps_its_key_with_dynamo():
     assert seen["compiles"] == 2
 
 
+class _Indexed(torch.nn.Module):
+    def __init__(self, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+
+def _by_layer(layer: _Indexed, x: torch.Tensor) -> torch.Tensor:
+    return x * layer.weight * (2.0 if layer.layer_idx == 0 else 3.0)
+
+
+def test_a_key_whose_calls_compiled_two_graphs_stays_with_dynamo():
+    """Layers that branch on ``layer_idx`` get a graph each (tensor_guards keeps that guard);
+    running layer 0's graph for layer 1 would be wrong, so such a key never goes direct."""
+    from tss_opt.decoding.compiled import tensor_guards
+
+    backend, seen = _counting()
+    fn = DirectCompiled(_by_layer, backend, fullgraph=True, dynamic=False, options={"guard_filter_fn": tensor_guards})
+    layers, x = [_Indexed(0), _Indexed(1)], torch.ones(4)
+    with torch.no_grad():
+        for _ in range(3):
+            outs = [fn("k", layer, x) for layer in layers]
+    assert seen["compiles"] == 2 and not fn.direct
+    assert outs[0].tolist() == [2.0] * 4 and outs[1].tolist() == [3.0] * 4
+
+
 def _returns_an_input(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y * 2
 

@@ -13,8 +13,11 @@ once, later calls with that key run the same graph with the same inputs directly
 The switch is checked, not assumed. :class:`DirectCompiled` records, in the backend, each
 graph's inputs as the sources dynamo gave them (``L['layer']._modules['mlp']...``, a tensor's
 size), and on a call through dynamo the inputs and outputs that graph actually saw. A key
-becomes direct only after a call of it through dynamo that compiled nothing (the graph was
-reused: for the layer step, a second layer ran the first one's graph) and in which
+becomes direct only where its calls have compiled exactly one graph (a decoder whose layers
+need graphs of their own, say by branching on ``layer_idx``, compiles a second one at its
+second layer: that key stays with dynamo for good), after a call of it through dynamo that
+compiled nothing (the graph was reused: for the layer step, a second layer ran the first
+one's graph) and in which
 
 * every input the sources give is the very object dynamo passed (identity; sizes equal),
 * every value the function returned is one of the graph's outputs (identity), and
@@ -155,6 +158,7 @@ class DirectCompiled:
         self.direct: dict[Hashable, tuple[_Graph, Callable[[Sequence[Any]], Any]]] = {}
         self.direct_calls = 0
         self._compiles = 0
+        self._compiled_for: dict[Hashable, int] = {}  # graphs compiled during each key's calls
         self._last: tuple[_Graph, tuple[Any, ...], Any] | None = None
 
         def recording(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -184,7 +188,8 @@ class DirectCompiled:
         compiles, self._last = self._compiles, None
         result = self._dynamo(*args)
         last, self._last = self._last, None  # drop the references to this call's tensors
-        if self.enabled and compiles == self._compiles and last is not None:
+        self._compiled_for[key] = self._compiled_for.get(key, 0) + self._compiles - compiles
+        if self.enabled and compiles == self._compiles and self._compiled_for[key] == 1 and last is not None:
             self._check(key, args, result, *last)
         return result
 

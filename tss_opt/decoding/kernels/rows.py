@@ -37,7 +37,7 @@ from tss_opt.models.precision import cpu_flags
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BLOCK", "available", "fits", "library", "pack", "rows_linear", "unavailable_reason"]
+__all__ = ["BLOCK", "available", "fits", "library", "machine_reason", "pack", "rows_linear", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("rows_bf16.c")
 FLAGS: tuple[str, ...] = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-shared", "-fPIC")
@@ -64,6 +64,11 @@ def unavailable_reason() -> str | None:
     flags, or the compiler. A failed build is reported by :func:`library`."""
     if os.environ.get("TSS_ROWS_KERNEL", "1") == "0":
         return "TSS_ROWS_KERNEL=0"
+    return machine_reason()
+
+
+def machine_reason() -> str | None:
+    """Why no kernel of ours can be built here (the CPU flags, the compiler), or ``None``."""
     missing = [f for f in NEEDED_FLAGS if f not in cpu_flags()]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
@@ -72,22 +77,22 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _build(cc: str) -> Path:
-    """Compile ``rows_bf16.c`` into the cache unless a build of the same source, flags and
-    compiler is there; returns the shared library's path."""
+def _build(cc: str, source: Path = SOURCE) -> Path:
+    """Compile ``source`` (``rows_bf16.c`` or another kernel of ours) into the cache unless a
+    build of the same source, flags and compiler is there; returns the shared library's path."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, cc, version]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([source.read_text(), *FLAGS, cc, version]).encode()).hexdigest()[:16]
     cache = _cache_dir()
-    target = cache / f"rows_bf16-{digest}.so"
+    target = cache / f"{source.stem}-{digest}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     # Its own temporary name, then an atomic rename: two processes building at once (CI's two
     # suites) never load a half-written file.
-    fd, tmp = tempfile.mkstemp(prefix="rows_bf16-", suffix=".so.tmp", dir=cache)
+    fd, tmp = tempfile.mkstemp(prefix=f"{source.stem}-", suffix=".so.tmp", dir=cache)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        done = subprocess.run([cc, *FLAGS, str(source), "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} exited {done.returncode}: {done.stderr.strip()[-500:]}")
         os.replace(tmp, target)
