@@ -49,6 +49,7 @@ def test_shapes_it_does_not_take_keep_the_math_path():
     assert not kernel.fits(*window(6, 2, 1, 20, 48), None)  # head size not 32, 64, 128 or 256
     assert not kernel.fits(q.float(), k.float(), v.float(), None)
     assert not kernel.fits(q, k, v, additive(torch.ones(1, 6, 1, 20, dtype=torch.bool)))  # a mask per head
+    assert not kernel.fits(q, k, v, additive(torch.ones(1, 1, 1, 19, dtype=torch.bool)))  # narrower than the keys
     assert not kernel.fits(*window(33, 1, 1, 20, 64), None)  # 33 query rows share a key-value head
     two = torch.cat([q, q])
     assert not kernel.fits(two, torch.cat([k, k]), torch.cat([v, v]), None)  # two sequences
@@ -65,7 +66,8 @@ def test_the_kernel_gives_the_math_paths_values(d, q, w):
     query, key, value = window(9, 3, q, w, d, seed=d + q + w)
     allowed = torch.rand(1, 1, q, w + 5, generator=torch.Generator().manual_seed(w)) > 0.3
     allowed[..., 0] = True
-    for mask in (additive(allowed), allowed, None if q == 1 else additive(allowed)):
+    masks = (additive(allowed), additive(allowed).float(), allowed, additive(allowed)[:, :, :1], None if q == 1 else allowed)
+    for mask in masks:  # bfloat16, float32 and boolean, per position or one row for all
         got = kernel.short_attention(query, key, value, mask, d**-0.5)
         want = math_path(query, key, value, mask, d**-0.5)
         assert got.shape == want.shape == (1, q, 9, d) and got.dtype == torch.bfloat16

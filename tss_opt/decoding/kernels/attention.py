@@ -62,7 +62,7 @@ def library() -> ctypes.CDLL | None:
         return None
     fn = lib.tss_short_attention
     p, n = ctypes.c_void_p, ctypes.c_long
-    fn.argtypes = [p, n, n, p, n, n, p, n, n, p, n, p, n, n, n, n, n, ctypes.c_float]
+    fn.argtypes = [p, n, n, p, n, n, p, n, n, p, n, ctypes.c_int, p, n, n, n, n, n, ctypes.c_float]
     fn.restype = ctypes.c_int
     return lib
 
@@ -77,9 +77,9 @@ def available() -> bool:
 def fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether the kernel takes these shapes: bfloat16 on the CPU, one sequence, head size a
     multiple of 32 (at most 256), keys and values of one shape, at most :data:`MAX_ROWS` query
-    rows per key-value head, and a mask shared by the heads (or none). Strides are not compared
-    (the kernel takes any): in a compiled graph that would tie the key and value buffers'
-    dynamic lengths together."""
+    rows per key-value head, and a mask shared by the heads that covers the keys (or none).
+    Strides are not compared (the kernel takes any): in a compiled graph that would tie the
+    key and value buffers' dynamic lengths together."""
     b, heads, q, d = query.shape
     kv_heads = key.shape[1]
     return (
@@ -89,7 +89,8 @@ def fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torc
         and key.shape == value.shape
         and d % 32 == 0 and d <= MAX_HEAD_DIM and key.shape[3] == d
         and heads % kv_heads == 0 and heads // kv_heads * q <= MAX_ROWS
-        and (mask is None or (mask.dim() == 4 and mask.shape[0] == 1 and mask.shape[1] == 1 and mask.shape[2] in (1, q)))
+        and (mask is None or (mask.dim() == 4 and mask.shape[0] == 1 and mask.shape[1] == 1 and mask.shape[2] in (1, q)
+                              and mask.shape[3] >= key.shape[2]))
     )
 
 
@@ -100,19 +101,19 @@ def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         query: ``(1, H, q, D)`` bfloat16.
         key, value: ``(1, H_kv, W, D)`` bfloat16, any strides between heads and positions (a
             window of a cache buffer); head ``h`` reads key-value head ``h // (H / H_kv)``.
-        mask: additive (0 / a large negative) or boolean (True: attend), ``(1, 1, q or 1, W')``
-            with ``W' >= W`` (its first ``W`` keys are used), or ``None`` (every key).
+        mask: additive (0 / a large negative; float32 or bfloat16, read in place; another
+            dtype is copied to float32) or boolean (True: attend), ``(1, 1, q or 1, W')`` with
+            ``W' >= W`` (its first ``W`` keys are used), or ``None`` (every key).
         scale: the scores' factor.
 
     Returns:
         ``(1, q, H, D)`` bfloat16 (transformers' attention output layout).
     """
-    m = None
-    if mask is not None:
-        m = mask[0, 0, :, : key.shape[2]]
-        m = torch.zeros(m.shape, dtype=torch.float32).masked_fill(~m, float("-inf")) if m.dtype == torch.bool else m.float()
-        m = m.expand(query.shape[2], key.shape[2])  # one mask row for every position: stride 0
-    return torch.ops.tss_opt.short_attention(query, key, value, m, scale)
+    return torch.ops.tss_opt.short_attention(query, key, value, mask, scale)
+
+
+_MASK_KINDS = {torch.float32: 1, torch.bfloat16: 2, torch.bool: 3}
+"""The kernel's mask kinds (attention_bf16.c): it reads the mask in place, as passed."""
 
 
 def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -121,15 +122,20 @@ def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torc
         raise RuntimeError(f"attention kernel unavailable: {unavailable_reason() or 'its build failed (see the INFO log)'}")
     _, heads, q, d = query.shape
     kv_heads, w = key.shape[1], key.shape[2]
-    query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
-    if mask is not None and mask.stride(-1) != 1:
-        mask = mask.contiguous()
+    if query.stride(3) != 1:
+        query = query.contiguous()
+    if key.stride(3) != 1 or value.stride(3) != 1:
+        key, value = key.contiguous(), value.contiguous()
+    kind, m_si = 0, 0
+    if mask is not None:
+        if mask.stride(3) != 1 or mask.dtype not in _MASK_KINDS:
+            mask = mask.float().contiguous()
+        kind, m_si = _MASK_KINDS[mask.dtype], mask.stride(2) if mask.shape[2] > 1 else 0
     out = torch.empty((1, q, heads, d), dtype=torch.bfloat16)
     rc = lib.tss_short_attention(
         query.data_ptr(), query.stride(1), query.stride(2), key.data_ptr(), key.stride(1), key.stride(2),
-        value.data_ptr(), value.stride(1), value.stride(2),
-        None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0), out.data_ptr(),
-        heads, kv_heads, q, w, d, float(scale),
+        value.data_ptr(), value.stride(1), value.stride(2), None if mask is None else mask.data_ptr(), m_si, kind,
+        out.data_ptr(), heads, kv_heads, q, w, d, float(scale),
     )
     if rc != 0:  # fits() admits only shapes the kernel takes; this is a bug, not bad input
         raise RuntimeError(f"attention kernel rejected query {tuple(query.shape)}, keys {tuple(key.shape)}")

@@ -53,6 +53,29 @@ static inline __m512 bf16x16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
 
+/* Mask kinds: the additive mask as the model passes it, read in place (no float32 copy). */
+enum { MASK_NONE = 0, MASK_F32 = 1, MASK_BF16 = 2, MASK_BOOL = 3 };
+
+/* 16 mask values from key j on (additive: 0, or a large negative / -inf where not attended). */
+static inline __m512 mask16(const void *m, int kind, long j) {
+  if (kind == MASK_F32) return _mm512_loadu_ps((const float *)m + j);
+  if (kind == MASK_BF16) return bf16x16((const uint16_t *)m + j);
+  __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)m + j));
+  __mmask16 keep = _mm_cmpneq_epi8_mask(b, _mm_setzero_si128());
+  return _mm512_mask_mov_ps(_mm512_set1_ps(-__builtin_inff()), keep, _mm512_setzero_ps());
+}
+
+static inline float mask1(const void *m, int kind, long j) {
+  if (kind == MASK_F32) return ((const float *)m)[j];
+  if (kind == MASK_BF16) {
+    uint32_t w = (uint32_t)((const uint16_t *)m)[j] << 16;
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+  }
+  return ((const uint8_t *)m)[j] ? 0.0f : -__builtin_inff();
+}
+
 /* One pass over the value rows for RC query rows of head size 16 * DV: the exp-weighted sums
  * sum_j p[c * W + j] * v[j, :] into out[c * DV + t]. Sizes are constants so the RC * DV
  * float32 accumulators (24 at most) stay in registers. */
@@ -109,11 +132,12 @@ static inline __m512 sum16(const __m512 v[16]) {
  *
  * q:    bfloat16, element (h, i, d) at q[h * q_sh + i * q_si + d]
  * k, v: bfloat16, element (g, j, d) at k[g * k_sh + j * k_sj + d], v[g * v_sh + j * v_sj + d]
- * mask: float32 additive, element (i, j) at mask[i * m_si + j], or NULL (every key)
+ * mask: element (i, j) at mask[i * m_si + j] (m_si = 0: one row for every position) of kind
+ *       mask_kind: MASK_F32 or MASK_BF16 additive, MASK_BOOL (nonzero: attend), or MASK_NONE
  * out:  bfloat16, contiguous (nq, H, D)
  */
 int tss_short_attention(const uint16_t *q, long q_sh, long q_si, const uint16_t *k, long k_sh, long k_sj,
-                        const uint16_t *v, long v_sh, long v_sj, const float *mask, long m_si, uint16_t *out, long H,
+                        const uint16_t *v, long v_sh, long v_sj, const void *mask, long m_si, int mask_kind, uint16_t *out, long H,
                         long H_kv, long nq, long W, long D, float scale) {
   if (H_kv <= 0 || H % H_kv != 0 || nq <= 0 || W <= 0 || (D != 32 && D != 64 && D != 128 && D != 256)) return -1;
   const long G = H / H_kv, R = G * nq, DV = D / 16, DP = D / 32;
@@ -127,7 +151,8 @@ int tss_short_attention(const uint16_t *q, long q_sh, long q_si, const uint16_t 
     for (long r = 0; r < R; r++) {
       const long h = g * G + r / nq, i = r % nq;
       const uint16_t *qr = q + h * q_sh + i * q_si;
-      const float *mr = mask ? mask + i * m_si : NULL;
+      const long esize = mask_kind == MASK_F32 ? 4 : mask_kind == MASK_BF16 ? 2 : 1;
+      const void *mr = mask_kind == MASK_NONE ? NULL : (const char *)mask + i * m_si * esize;
       float *s = scores + r * W;
       __m512i qv[MAX_D / 32];
       for (long t = 0; t < DP; t++) qv[t] = _mm512_loadu_si512((const void *)(qr + 32 * t));
@@ -141,7 +166,7 @@ int tss_short_attention(const uint16_t *q, long q_sh, long q_si, const uint16_t 
             a = _mm512_dpbf16_ps(a, (__m512bh)qv[t], (__m512bh)_mm512_loadu_si512((const void *)(kj + 32 * t)));
           acc[jj] = a;
         }
-        __m512 sc = _mm512_fmadd_ps(sum16(acc), _mm512_set1_ps(scale), mr ? _mm512_loadu_ps(mr + j) : _mm512_setzero_ps());
+        __m512 sc = _mm512_fmadd_ps(sum16(acc), _mm512_set1_ps(scale), mr ? mask16(mr, mask_kind, j) : _mm512_setzero_ps());
         _mm512_storeu_ps(s + j, sc);
       }
       for (; j < W; j++) {
@@ -149,7 +174,7 @@ int tss_short_attention(const uint16_t *q, long q_sh, long q_si, const uint16_t 
         __m512 acc = _mm512_setzero_ps();
         for (long t = 0; t < DP; t++)
           acc = _mm512_dpbf16_ps(acc, (__m512bh)qv[t], (__m512bh)_mm512_loadu_si512((const void *)(kj + 32 * t)));
-        s[j] = _mm512_reduce_add_ps(acc) * scale + (mr ? mr[j] : 0.0f);
+        s[j] = _mm512_reduce_add_ps(acc) * scale + (mr ? mask1(mr, mask_kind, j) : 0.0f);
       }
       /* softmax numerators in place, and their sum */
       __m512 mx = _mm512_set1_ps(-__builtin_inff());
