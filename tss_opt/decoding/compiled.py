@@ -25,7 +25,9 @@ per-call weight reorder; 1.1-1.2x faster steps of 2-16 slots on SmolLM2 on the X
 Attention in half precision is :func:`~tss_opt.decoding.attention.attend`, traced into the graph.
 Each graph call keeps only the guards on its tensors and the interpreter's state
 (:func:`tensor_guards`): the others check Python objects that cannot change while a target
-lives, and dynamo evaluated them 31 times a step.
+lives, and dynamo evaluated them 31 times a step. Once a bucket's graph has served two layers
+through dynamo, the step calls it directly (:class:`~tss_opt.decoding.direct.DirectCompiled`:
+the same graph on the same inputs, without dynamo's ~70 us a call; checked, not assumed).
 The prefill and trees larger than the largest bucket run eagerly (the parent's forward).
 The batch engine (``decoding/batch.py``, ``ragged.py``; the replay evaluator generates with it)
 calls the model itself and stays eager on a compiled target; :meth:`CompiledTarget.verify_forward`
