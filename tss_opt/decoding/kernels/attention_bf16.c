@@ -15,8 +15,11 @@
  * Per key-value head: the scores of its G * nq query rows (one vdpbf16ps pair of products per
  * 32 elements, float32 sums), the row maxima, exp(score - max) (exp512 below: a Cephes-style
  * polynomial, within 2 ulp of expf), their sums, then the exp-weighted sum of value rows in
- * float32, divided by the sum and rounded once to bfloat16 (round to nearest even). Masked
- * positions (an additive mask at or below -1e30, or -inf) weigh exactly 0.
+ * float32, divided by the sum and rounded once to bfloat16 (round to nearest even). A key whose
+ * score lies more than 87.3 below its row's maximum weighs exactly 0 (e^-87.3 is float32's
+ * smallest normal number): masked keys (an additive mask of the dtype's minimum, or -inf) and
+ * keys whose weight would be under 1e-38 of the largest. Each query row is its own float32 sums
+ * in one order: a position's result does not depend on the other positions of its call.
  */
 #include <immintrin.h>
 #include <stdint.h>
