@@ -66,7 +66,10 @@ def test_the_kernel_gives_the_math_paths_values(d, q, w):
     query, key, value = window(9, 3, q, w, d, seed=d + q + w)
     allowed = torch.rand(1, 1, q, w + 5, generator=torch.Generator().manual_seed(w)) > 0.3
     allowed[..., 0] = True
-    masks = (additive(allowed), additive(allowed).float(), allowed, additive(allowed)[:, :, :1], None if q == 1 else allowed)
+    wide = torch.zeros(1, 1, q, 2 * (w + 5), dtype=torch.bool)
+    wide[..., ::2] = allowed  # a boolean mask whose keys are not adjacent: copied, still boolean
+    masks = (additive(allowed), additive(allowed).float(), allowed, additive(allowed)[:, :, :1], wide[..., ::2],
+             None if q == 1 else allowed)
     for mask in masks:  # bfloat16, float32 and boolean, per position or one row for all
         got = kernel.short_attention(query, key, value, mask, d**-0.5)
         want = math_path(query, key, value, mask, d**-0.5)

@@ -117,6 +117,7 @@ _MASK_KINDS = {torch.float32: 1, torch.bfloat16: 2, torch.bool: 3}
 
 
 def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The operator's CPU implementation: the kernel through ``ctypes`` (shapes as :func:`short_attention`)."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"attention kernel unavailable: {unavailable_reason() or 'its build failed (see the INFO log)'}")
@@ -128,8 +129,10 @@ def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torc
         key, value = key.contiguous(), value.contiguous()
     kind, m_si = 0, 0
     if mask is not None:
-        if mask.stride(3) != 1 or mask.dtype not in _MASK_KINDS:
-            mask = mask.float().contiguous()
+        if mask.dtype not in _MASK_KINDS:  # float16, float64: additive, as float32
+            mask = mask.float()
+        if mask.stride(3) != 1:
+            mask = mask.contiguous()
         kind, m_si = _MASK_KINDS[mask.dtype], mask.stride(2) if mask.shape[2] > 1 else 0
     out = torch.empty((1, q, heads, d), dtype=torch.bfloat16)
     rc = lib.tss_short_attention(
