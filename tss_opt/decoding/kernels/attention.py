@@ -23,7 +23,6 @@ import ctypes
 import functools
 import logging
 import os
-import subprocess
 from pathlib import Path
 
 import torch
@@ -50,13 +49,7 @@ def unavailable_reason() -> str | None:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, built on first call; ``None`` (said once, INFO) where it cannot run."""
-    reason = unavailable_reason()
-    lib = None
-    if reason is None:
-        try:
-            lib = ctypes.CDLL(str(rows._build(rows._compiler() or "cc", SOURCE)))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            reason = f"building {SOURCE.name} failed ({exc})"
+    lib, reason = rows.load(SOURCE, unavailable_reason())
     if lib is None:
         log.info("half-precision attention of short steps in float32 math, not our attention kernel: %s", reason)
         return None

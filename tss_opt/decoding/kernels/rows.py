@@ -37,7 +37,7 @@ from tss_opt.models.precision import cpu_flags
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BLOCK", "available", "fits", "library", "machine_reason", "pack", "rows_linear", "unavailable_reason"]
+__all__ = ["BLOCK", "available", "fits", "library", "load", "machine_reason", "pack", "rows_linear", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("rows_bf16.c")
 FLAGS: tuple[str, ...] = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-shared", "-fPIC")
@@ -102,16 +102,21 @@ def _build(cc: str, source: Path = SOURCE) -> Path:
     return target
 
 
+def load(source: Path, reason: str | None) -> tuple[ctypes.CDLL | None, str | None]:
+    """Build (:func:`_build`) and load the kernel ``source`` unless ``reason`` says why it cannot
+    run here; returns the library, or ``None`` and the reason (a failed build included)."""
+    if reason is not None:
+        return None, reason
+    try:
+        return ctypes.CDLL(str(_build(_compiler() or "cc", source))), None
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return None, f"building {source.name} failed ({exc})"
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, built on first call; ``None`` (said once, INFO) where it cannot run."""
-    reason = unavailable_reason()
-    lib = None
-    if reason is None:
-        try:
-            lib = ctypes.CDLL(str(_build(_compiler() or "cc")))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            reason = f"building {SOURCE.name} failed ({exc})"
+    lib, reason = load(SOURCE, unavailable_reason())
     if lib is None:
         log.info("bfloat16 step products through oneDNN, not our rows kernel: %s", reason)
         return None
