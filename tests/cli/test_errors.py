@@ -101,7 +101,33 @@ _SIGINT_IN_TRIAL_APP = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("app", [_SIGINT_APP, _SIGINT_IN_TRIAL_APP], ids=["command", "inside_a_trial"])
+# A Ctrl-C while a class is created, as during a lazy import of a module with dataclasses:
+# Python 3.11 raises it as RuntimeError("Error calling __set_name__ ...") from the interrupt.
+# CI once saw exactly that in a search worker (tests/search/test_search_faults.py).
+_SIGINT_IN_CLASS_CREATION_APP = textwrap.dedent(
+    """
+    import os, signal, time
+    from tss_opt.cli.common import hydra_entry
+
+    class Field:
+        def __set_name__(self, owner, name):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+
+    def task(cfg):
+        class StoredState:
+            missing = Field()
+
+    hydra_entry(task)()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "app",
+    [_SIGINT_APP, _SIGINT_IN_TRIAL_APP, _SIGINT_IN_CLASS_CREATION_APP],
+    ids=["command", "inside_a_trial", "inside_class_creation"],
+)
 def test_ctrl_c_prints_one_line_and_exits_130(app: str, tmp_path: Path) -> None:
     # Inside a trial Optuna logs the interrupted trial with a traceback; the command drops it.
     r = _run(["-c", app], tmp_path)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tss_opt.cli.common import EXIT_INTERRUPTED, INTERRUPTED, QuietInterrupt
+from tss_opt.cli.common import EXIT_INTERRUPTED, INTERRUPTED, QuietInterrupt, interrupted_by
 
 SIGNALS = {"sigint": signal.SIGINT, "sigstop": signal.SIGSTOP}
 
@@ -154,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         code = main()
+    except Exception as e:  # a Ctrl-C during a lazy import can come wrapped (interrupted_by)
+        if not interrupted_by(e):
+            raise
+        print(INTERRUPTED, file=sys.stderr)
+        code = EXIT_INTERRUPTED
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         code = EXIT_INTERRUPTED

@@ -48,15 +48,17 @@ def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
                 task(cfg)
         except KeyboardInterrupt:
             _exit_interrupted()
-        except (TSSError, ValueError, FileNotFoundError, KeyError) as e:
+        except Exception as e:
+            if interrupted_by(e):
+                _exit_interrupted()
+            if not isinstance(e, (TSSError, ValueError, FileNotFoundError, KeyError)):
+                _print_traceback()
+                sys.exit(1)
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             if cfg.get("log_level") == "DEBUG":
                 _print_traceback()
             print(f"error: {mask_secrets(str(msg))}", file=sys.stderr)
             sys.exit(EXIT_USER_ERROR)
-        except Exception:
-            _print_traceback()
-            sys.exit(1)
 
     def main() -> None:
         try:
@@ -68,6 +70,26 @@ def hydra_entry(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
             _exit_interrupted()
 
     return main
+
+
+def interrupted_by(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, a Ctrl-C (``KeyboardInterrupt``).
+
+    Python wraps what some hooks raise: a Ctrl-C that lands while a class is being created
+    (a dataclass field's ``__set_name__``, during a lazy import) comes out of Python 3.11 as
+    ``RuntimeError("Error calling __set_name__ ...")`` with the ``KeyboardInterrupt`` as its
+    cause. It is still the user's Ctrl-C: exit 130, not a traceback and exit 1. Only the
+    ``raise ... from`` chain counts: an error raised while handling a Ctrl-C (its
+    ``__context__``) is a real failure, and keeps its traceback.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__
+    return False
 
 
 def _exit_interrupted() -> None:
