@@ -1,27 +1,32 @@
-"""Our bfloat16 rows kernel against oneDNN's prepacked products, side by side in one process.
+"""Our rows kernels against the products they replace, side by side in one process.
 
     python benchmarks/rows_kernel.py                       # products, steps, 4 prompts per length
     python benchmarks/rows_kernel.py --parts products      # the products alone (a minute)
     python benchmarks/rows_kernel.py --parts steps,decode --prompts 2 --max-new-tokens 32
+    python benchmarks/rows_kernel.py --dtype float32       # the float32 kernel against F.linear
 
-On the embedded model in bfloat16, one thread (``tss_opt/decoding/kernels/rows.py``), three parts:
+On the embedded model, one thread: in bfloat16 our bfloat16 rows kernel
+(``tss_opt/decoding/kernels/rows.py``) against oneDNN's prepacked products; in float32
+(``--dtype float32``) our float32 rows kernel (``kernels/rows_f32.py``) against ``F.linear``
+(MKL). Below, "the other" is oneDNN or ``F.linear``. Three parts:
 
 1. ``products``: every linear layer of the model (SmolLM2: 210 decoder products and the output
-   head) on 1, 2, 4, 8 and 16 rows through our kernel, oneDNN's prepacked product and
+   head) on 1, 2, 4, 8 and 16 rows through our kernel, oneDNN's prepacked product (bfloat16) and
    ``F.linear``, rounds interleaved, beside a plain sum of the same weights (the bandwidth
    limit, timed in the same rounds). Columns: median ms, GB/s of weights streamed, ratios.
 2. ``steps``: verification steps of 1, 2, 4, 8 and 16 slots (a chain of 0-15 drafted tokens)
-   after ``--lengths`` cached tokens, eager and compiled, on two copies of the model, one packed
-   for each kernel; steps alternate, median of ``--steps``.
+   after ``--lengths`` cached tokens, eager and compiled, on two copies of the model, one for
+   each kernel; steps alternate, median of ``--steps``.
 3. ``decode``: plain greedy decoding and prompt lookup (``num_tokens: auto``, sized per request
    from each target's own latency table), eager and compiled, per kernel, on summarization
    calibration prompts at each length, the order of the arms rotating per prompt. Columns:
-   decode tokens/s (median over prompts), the rows/oneDNN ratio (median of per-prompt ratios),
+   decode tokens/s (median over prompts), the rows/other ratio (median of per-prompt ratios),
    accepted tokens per step, and the lossless verdict of every arm against the same kernel's
    plain eager decoding (``decoding/lossless.py``: identical, or a near-tie; a divergence
    prints FAIL and exits 1).
 
-Without the kernel here (no AVX-512 BF16, no C compiler) it says why and exits 0.
+Without the kernel here (bfloat16: no AVX-512 BF16; float32: no AVX2 and FMA; no C compiler)
+it says why and exits 0.
 """
 
 from __future__ import annotations
@@ -51,14 +56,16 @@ from tss_opt.decoding.cache import crop_to  # noqa: E402
 from tss_opt.decoding.compiled import CompiledTarget  # noqa: E402
 from tss_opt.decoding.drafters import build_drafter  # noqa: E402
 from tss_opt.decoding.engine import SpeculativeEngine  # noqa: E402
-from tss_opt.decoding.kernels import rows  # noqa: E402
+from tss_opt.decoding.kernels import rows, rows_f32  # noqa: E402
 from tss_opt.decoding.lossless import check_lossless  # noqa: E402
 from tss_opt.decoding.target import TargetModel  # noqa: E402
 from tss_opt.decoding.tree import DraftTree  # noqa: E402
 from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
 
 ROW_COUNTS = (1, 2, 4, 8, 16)
-KERNELS = ("rows", "onednn")
+KERNELS = ("rows", "other")
+OTHER = {"bfloat16": "oneDNN", "float32": "F.linear"}
+"""What our kernel is measured against, per precision."""
 
 
 def _time_into(fn: Callable[[], Any], out: list[float]) -> None:
@@ -69,33 +76,45 @@ def _time_into(fn: Callable[[], Any], out: list[float]) -> None:
 
 
 @torch.inference_mode()
-def products(model: Any, rounds: int) -> list[str]:
-    """Part 1: every linear weight of ``model`` through the three products, per row count."""
+def products(model: Any, rounds: int, dtype: str) -> list[str]:
+    """Part 1: every linear weight of ``model`` through the products, per row count."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    weights = [w for w in weights if rows.fits(w)]
-    ours = [rows.pack(w) for w in weights]
-    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+    if dtype == "float32":
+        weights = [w for w in weights if rows_f32.fits(w)]
+        ours: list[torch.Tensor] = weights  # read in place
+        mine: Callable[..., torch.Tensor] = rows_f32.rows_linear_f32
+        onednn: list[torch.Tensor] = []
+    else:
+        weights = [w for w in weights if rows.fits(w)]
+        ours = [rows.pack(w) for w in weights]
+        mine = rows.rows_linear
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
     n_bytes = sum(w.numel() * w.element_size() for w in weights)
-    lines = [f"{len(weights)} linear weights, {n_bytes / 1e6:.0f} MB; median of {rounds} interleaved rounds", "",
-             "| rows | sum of the weights ms | rows kernel ms | oneDNN prepacked ms | F.linear ms | rows GB/s | oneDNN GB/s "
-             "| oneDNN / rows | F.linear / rows | rows / sum |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    names = ["sum", "rows", *(["onednn"] if onednn else []), "f.linear"]
+    heads = {"sum": "sum of the weights", "rows": "rows kernel", "onednn": "oneDNN prepacked", "f.linear": "F.linear"}
+    lines = [f"{len(weights)} linear weights, {n_bytes / 1e6:.0f} MB, {dtype}; median of {rounds} interleaved rounds", "",
+             "| rows | " + " | ".join(f"{heads[a]} ms" for a in names) + " | rows GB/s | "
+             + " | ".join(f"{heads[a]} / rows" for a in names[2:]) + " | rows / sum |",
+             "|---:|" + "---:|" * (len(names) + 1 + len(names) - 2 + 1)]
     g = torch.Generator().manual_seed(0)
     for m in ROW_COUNTS:
-        xs = {k: torch.randn(m, k, generator=g).to(torch.bfloat16) for k in {w.shape[1] for w in weights}}
+        xs = {k: torch.randn(m, k, generator=g).to(getattr(torch, dtype)) for k in {w.shape[1] for w in weights}}
         arms: dict[str, Callable[[], Any]] = {
             "sum": lambda: [w.sum() for w in weights],
-            "rows": lambda xs=xs: [rows.rows_linear(xs[w.shape[1]], p) for w, p in zip(weights, ours)],
+            "rows": lambda xs=xs: [mine(xs[w.shape[1]], p) for w, p in zip(weights, ours)],
             "onednn": lambda xs=xs: [torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], p, None, "none", [], "")
                                for w, p in zip(weights, onednn)],
             "f.linear": lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in weights],
         }
+        arms = {a: arms[a] for a in names}
         times: dict[str, list[float]] = {a: [] for a in arms}
         for r in range(rounds + 1):
-            for a in list(arms)[r % 4:] + list(arms)[: r % 4]:
+            for a in names[r % len(names):] + names[: r % len(names)]:
                 _time_into(arms[a], times[a] if r else [])  # round 0 warms up
-        s, o, d, f = (statistics.median(times[a]) for a in ("sum", "rows", "onednn", "f.linear"))
-        lines.append(f"| {m} | {s * 1e3:.2f} | {o * 1e3:.2f} | {d * 1e3:.2f} | {f * 1e3:.2f} | {n_bytes / o / 1e9:.1f} "
-                     f"| {n_bytes / d / 1e9:.1f} | {d / o:.2f}x | {f / o:.2f}x | {o / s:.2f}x |")
+        med = {a: statistics.median(times[a]) for a in names}
+        lines.append(f"| {m} | " + " | ".join(f"{med[a] * 1e3:.2f}" for a in names)
+                     + f" | {n_bytes / med['rows'] / 1e9:.1f} | "
+                     + " | ".join(f"{med[a] / med['rows']:.2f}x" for a in names[2:]) + f" | {med['rows'] / med['sum']:.2f}x |")
     return lines
 
 
@@ -104,9 +123,10 @@ def _chain(n: int) -> DraftTree:
 
 
 @torch.inference_mode()
-def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, vocab: int) -> list[str]:
+def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, vocab: int, other: str) -> list[str]:
     """Part 2: verification steps of each slot count, per target, alternating."""
-    lines = ["| cached | slots | " + " | ".join(f"{n} ms" for n in targets) + " | oneDNN / rows, eager | oneDNN / rows, compiled |",
+    lines = ["| cached | slots | " + " | ".join(f"{n} ms" for n in targets)
+             + f" | {other} / rows, eager | {other} / rows, compiled |",
              "|---:|---:|" + "---:|" * (len(targets) + 2)]
     for length in lengths:
         prompt = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
@@ -127,8 +147,8 @@ def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, voc
                     crop_to(caches[name], length)
             med = {n: statistics.median(v) for n, v in times.items()}
             lines.append(f"| {length} | {slots} | " + " | ".join(f"{v * 1e3:.1f}" for v in med.values())
-                         + f" | {med['oneDNN, eager'] / med['rows, eager']:.2f}x"
-                         + f" | {med['oneDNN, compiled'] / med['rows, compiled']:.2f}x |")
+                         + f" | {med[f'{other}, eager'] / med['rows, eager']:.2f}x"
+                         + f" | {med[f'{other}, compiled'] / med['rows, compiled']:.2f}x |")
     return lines
 
 
@@ -140,48 +160,55 @@ def main() -> None:
     ap.add_argument("--lengths", default="64,0", help="prompt lengths in tokens; 0: the domain's own (steps: 800)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(OTHER), help="which of our kernels")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the kernel's condition (decoding/linear.py)
     parts = set(args.parts.split(","))
-    if rows.unavailable_reason() is not None or not rows.available():
-        print(f"the rows kernel cannot run here ({rows.unavailable_reason() or 'its build failed'}): nothing to compare")
+    kernel = rows_f32 if args.dtype == "float32" else rows
+    other = OTHER[args.dtype]
+    if kernel.unavailable_reason() is not None or not kernel.available():
+        print(f"the {args.dtype} rows kernel cannot run here ({kernel.unavailable_reason() or 'its build failed'}): "
+              "nothing to compare")
         return
-    settings = ["dtype=bfloat16", f"model.cache_dir={REPO / 'storage' / 'models'}"]
+    settings = [f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]
     rt = assemble(compose_config(settings))
-    real = rows.available
-    rows.available = lambda: False  # the second copy packs for oneDNN
+    real = kernel.available
+    kernel.available = lambda: False  # the second copy: oneDNN's packing (bfloat16), F.linear (float32)
     try:
         rt_dnn = assemble(compose_config(settings))
     finally:
-        rows.available = real
+        kernel.available = real
     kinds = (linear.packed_kernel(rt.loaded.model), linear.packed_kernel(rt_dnn.loaded.model))
-    assert kinds == ("rows", "onednn"), kinds
-    print(f"# rows_kernel: SmolLM2-135M bfloat16, 1 thread, torch {torch.__version__}; load average "
-          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    assert kinds == ("rows", "onednn" if args.dtype == "bfloat16" else None), kinds
+    print(f"# rows_kernel: SmolLM2-135M {args.dtype}, our kernel against {other}, 1 thread, torch {torch.__version__}; "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     lengths = [int(x) for x in args.lengths.split(",")]
     if "products" in parts:
         print("\n## 1. The products\n")
-        print("\n".join(products(rt.loaded.model, args.rounds)), flush=True)
-    compiled = {"rows": CompiledTarget(rt.loaded.model), "onednn": CompiledTarget(rt_dnn.loaded.model)}
+        print("\n".join(products(rt.loaded.model, args.rounds, args.dtype)), flush=True)
+    compiled = {"rows": CompiledTarget(rt.loaded.model), "other": CompiledTarget(rt_dnn.loaded.model)}
     if "steps" in parts:
         print(f"\n## 2. Verification steps (median of {args.steps}, the four targets alternating)\n")
-        targets = {"rows, eager": rt.target, "oneDNN, eager": rt_dnn.target,
-                   "rows, compiled": compiled["rows"], "oneDNN, compiled": compiled["onednn"]}
-        print("\n".join(steps(targets, [n or 800 for n in lengths], args.steps, int(rt.loaded.model.config.vocab_size))),
-              flush=True)
+        targets = {"rows, eager": rt.target, f"{other}, eager": rt_dnn.target,
+                   "rows, compiled": compiled["rows"], f"{other}, compiled": compiled["other"]}
+        vocab = int(rt.loaded.model.config.vocab_size)
+        print("\n".join(steps(targets, [n or 800 for n in lengths], args.steps, vocab, other)), flush=True)
     if "decode" in parts:
-        decode(rt, rt_dnn, compiled, lengths, args.prompts, args.max_new_tokens)
+        decode(rt, rt_dnn, compiled, lengths, args.prompts, args.max_new_tokens, args.dtype)
 
 
-def decode(rt: Any, rt_dnn: Any, compiled: dict[str, CompiledTarget], lengths: list[int], n_prompts: int, n: int) -> None:
+def decode(
+    rt: Any, rt_dnn: Any, compiled: dict[str, CompiledTarget], lengths: list[int], n_prompts: int, n: int, dtype: str
+) -> None:
     """Part 3: whole requests per kernel, eager and compiled, plain and prompt lookup."""
     tok = rt.loaded.tokenizer
     eos = list(rt.eos_token_ids)
     dom = load_domain(OmegaConf.load(config_dir() / "domain" / "summarization.yaml"))
     cal = [format_prompt(tok, ex, dom.config.system_prompt) for ex in dom.split("calibration")]
     pld_cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / "pld.yaml"), {"num_tokens": "auto"})
-    eager = {"rows": rt.target, "onednn": rt_dnn.target}
-    loaded = {"rows": rt.loaded, "onednn": rt_dnn.loaded}
+    eager = {"rows": rt.target, "other": rt_dnn.target}
+    loaded = {"rows": rt.loaded, "other": rt_dnn.loaded}
+    other = OTHER[dtype]
     arms: dict[tuple[str, str], tuple[TargetModel, Any]] = {}
     for k in KERNELS:
         arms[(k, "plain")] = (eager[k], None)
@@ -213,19 +240,20 @@ def decode(rt: Any, rt_dnn: Any, compiled: dict[str, CompiledTarget], lengths: l
                 if v == "diverged":
                     failures.append(f"{a[0]} {a[1]}, length {length}, prompt {i}: {v} against plain decoding")
         print(f"\n## 3. Decoding: prompts of {length or 'the domain’s own length'} tokens, {n_prompts} prompts x {n} "
-              "new tokens, bfloat16\n")
-        print("| method | oneDNN tok/s | rows tok/s | rows / oneDNN | accepted (oneDNN, rows) | rows vs plain | oneDNN vs plain |")
+              f"new tokens, {dtype}\n")
+        print(f"| method | {other} tok/s | rows tok/s | rows / {other} | accepted ({other}, rows) | rows vs plain "
+              f"| {other} vs plain |")
         print("|---|---:|---:|---:|---|---|---|")
         for m in dict.fromkeys(a[1] for a in arms):
-            r, d = rate[("rows", m)], rate[("onednn", m)]
+            r, d = rate[("rows", m)], rate[("other", m)]
             ratio = statistics.median(x / y for x, y in zip(r, d))
-            acc = f"{statistics.median(accepted[('onednn', m)]):.2f}, {statistics.median(accepted[('rows', m)]):.2f}"
+            acc = f"{statistics.median(accepted[('other', m)]):.2f}, {statistics.median(accepted[('rows', m)]):.2f}"
 
             def tally(vs: list[str]) -> str:
                 return ", ".join(f"{vs.count(v)} {v}" for v in dict.fromkeys(vs))
 
             print(f"| {m} | {statistics.median(d):.2f} | {statistics.median(r):.2f} | {ratio:.2f}x | {acc} "
-                  f"| {tally(verdicts[('rows', m)])} | {tally(verdicts[('onednn', m)])} |", flush=True)
+                  f"| {tally(verdicts[('rows', m)])} | {tally(verdicts[('other', m)])} |", flush=True)
     for f in failures:
         print(f"FAIL: {f}")
     if failures:

@@ -34,10 +34,17 @@ def tiny(dtype: torch.dtype) -> torch.nn.Module:
     return build_tiny_model(TinyConfig(), num_layers=3, seed=0, dtype=dtype).eval()
 
 
-def test_only_bfloat16_on_a_cpu_is_packed():
+def test_only_bfloat16_on_a_cpu_is_packed_for_onednn(monkeypatch):
     assert not packing_supported(CPU, torch.float32)
     assert not packing_supported(CPU, torch.float64)
     assert not packing_supported(torch.device("meta"), torch.bfloat16)
+    model = tiny(torch.float64)
+    assert pack_linears(model) == 0
+    assert all(not hasattr(m, "_tss_packed_weight") for m in model.modules())
+    # float32 goes to our float32 rows kernel only (test_rows_f32_kernel.py); with the kernels
+    # switched off it is left alone too.
+    monkeypatch.setenv("TSS_ROWS_KERNEL", "0")
+    monkeypatch.setattr(linear.rows_f32, "library", linear.rows_f32.library.__wrapped__)
     model = tiny(torch.float32)
     assert pack_linears(model) == 0
     assert all(not hasattr(m, "_tss_packed_weight") for m in model.modules())
@@ -136,7 +143,7 @@ def test_latency_tables_of_a_packed_target_have_their_own_key():
     """A table measured with F.linear's per-call reorder must not size a packed target."""
     packed = TargetModel(tiny(torch.bfloat16))
     assert packed.packed and is_packed(packed.model)
-    unpacked = TargetModel(tiny(torch.float32))
+    unpacked = TargetModel(tiny(torch.float64))
     assert not unpacked.packed
     # " rows" where our rows kernel holds the packed weights (test_rows_kernel.py), " packed" for oneDNN's
     kind = "rows" if linear.packed_kernel(packed.model) == "rows" else "packed"

@@ -132,6 +132,6 @@ def test_on_two_threads_onednn_keeps_the_products():
 
 
 def test_nothing_packed_has_no_kernel():
-    model = build_tiny_model(TinyConfig(), num_layers=2, seed=0, dtype=torch.float32)
+    model = build_tiny_model(TinyConfig(), num_layers=2, seed=0, dtype=torch.float64)
     linear.pack_linears(model)
     assert linear.packed_kernel(model) is None

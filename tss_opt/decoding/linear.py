@@ -1,6 +1,15 @@
-"""The linear layers of our steps through prepacked weights, in bfloat16 on a CPU.
+"""The linear layers of our steps through prepacked weights (bfloat16) or our float32 kernel, on a CPU.
 
-Two kernels hold the packed weights: our **rows kernel** (``kernels/rows.py``: AVX-512 BF16,
+**float32** (since 2026-12-06): where our float32 rows kernel runs (``kernels/rows_f32.py``:
+AVX2 and FMA, built from C at first use) and the target computes on one thread, a step's
+products of 1 to :data:`PACK_MAX_ROWS` rows go through it, reading the layer's own weight in
+place (no copy): each weight read once for all of the step's rows, row-invariant, where MKL's
+products of 2-16 rows cost far more than its one-row product. Values differ from MKL's in the
+last float32 places (another summation order), as two BLAS libraries' would; a step's tokens
+are compared through one kernel (plain and speculative decoding both use it). Inside compiled
+graphs it runs from one row (:func:`_forward`). The rest of this docstring is about bfloat16.
+
+Two kernels hold the packed bfloat16 weights: our **rows kernel** (``kernels/rows.py``: AVX-512 BF16,
 built from C at first use, one thread; each weight read once for all of a step's rows, the
 values of oneDNN's one-row product, row-invariant) where it runs and the target computes on one
 thread, and **oneDNN**'s prepacked product elsewhere (more threads, or a CPU or machine without
@@ -23,8 +32,8 @@ token at all where it applies.
 second copy of those weights: 269 MB for SmolLM2-135M) and makes the layer's forward take it
 inside :func:`packed_linears` for inputs of at most :data:`PACK_MAX_ROWS` rows. Outside it the
 layer runs ``F.linear`` exactly as before: transformers' own ``generate`` on the same model (the
-benchmarks' baseline) runs as shipped. float32 and float64 models are left alone (their
-products do not reorder).
+benchmarks' baseline) runs as shipped. float64 models are left alone, and float32 ones but
+for the float32 kernel above (their products do not reorder).
 
 Inside ``torch.compile`` (the compiled step, ``decoding/compiled.py``) a packed layer takes its
 packed weight for 2 to :data:`PACK_MAX_ROWS` rows through :func:`packed_linear`, an operator of
@@ -54,13 +63,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tss_opt.decoding.kernels import rows
+from tss_opt.decoding.kernels import rows, rows_f32
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "GRAPH_MIN_ROWS",
     "PACK_MAX_ROWS",
+    "float32_rows",
     "is_packed",
     "pack_linears",
     "packed_kernel",
@@ -108,6 +118,8 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     rows kernel on its 4-D layout (``kernels/rows.py``), else oneDNN's on its opaque tensor."""
     if packed.dim() == 4:
         return rows.rows_linear(x, packed, bias)
+    if packed.dtype == torch.float32:  # the layer's own weight, read in place by our float32 kernel
+        return rows_f32.rows_linear_f32(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -144,7 +156,9 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed = getattr(self, _PACKED)
     if torch.compiler.is_compiling():  # before the context variable, which dynamo must not trace
         # Shapes are static in our graphs (``dynamic=False``): the row count is a constant.
-        if _fits(self, x, packed) and x.numel() >= GRAPH_MIN_ROWS * self.in_features:
+        # float32: from one row, the kernel's one-row product beats MKL's (module docstring).
+        least = 1 if packed.dtype == torch.float32 else GRAPH_MIN_ROWS
+        if _fits(self, x, packed) and x.numel() >= least * self.in_features:
             return packed_linear(x, packed, self.bias)
     elif _ACTIVE.get() and _fits(self, x, packed):  # the context first: F.linear's callers pay nothing
         return _packed_product(x, packed, self.bias)
@@ -153,8 +167,13 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def _fits(layer: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor) -> bool:
     """At most :data:`PACK_MAX_ROWS` rows, in the packed dtype (dtypes checked too: a model
-    cast after packing, ``model.float()``, keeps ``F.linear``)."""
-    return x.dtype == packed.dtype == layer.weight.dtype and x.numel() <= PACK_MAX_ROWS * layer.in_features
+    cast after packing, ``model.float()``, keeps ``F.linear``), and no gradient asked for (the
+    kernels have no backward: a forward that trains keeps ``F.linear``)."""
+    return (
+        x.dtype == packed.dtype == layer.weight.dtype
+        and x.numel() <= PACK_MAX_ROWS * layer.in_features
+        and not (torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad))
+    )
 
 
 def _available_bytes() -> int:
@@ -166,18 +185,20 @@ def _available_bytes() -> int:
 
 @torch.no_grad()
 def pack_linears(model: Any) -> int:
-    """Reorder every ``nn.Linear`` weight of ``model`` once for oneDNN (bfloat16 on a CPU;
-    anything else is left alone) and install the forward that uses it inside
-    :func:`packed_linears`. Idempotent.
+    """Reorder every ``nn.Linear`` weight of ``model`` once for oneDNN or our bfloat16 rows
+    kernel (bfloat16 on a CPU), or hand float32 ones to our float32 rows kernel (in place, no
+    copy; one thread, a CPU with AVX2 and FMA), and install the forward that uses them inside
+    :func:`packed_linears`. Anything else is left alone. Idempotent.
 
     Returns:
-        The number of layers packed (0 where packing does not apply or does not fit in
-        :data:`MEMORY_SHARE` of the available memory).
+        The number of layers packed (0 where packing does not apply or the bfloat16 copies do
+        not fit in :data:`MEMORY_SHARE` of the available memory).
     """
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    done = _take_float32(linears)
     todo = [m for m in linears if not hasattr(m, _PACKED) and packing_supported(m.weight.device, m.weight.dtype)]
     if not todo:
-        return 0
+        return done
     need = sum(m.weight.numel() * m.weight.element_size() for m in todo)
     avail = _available_bytes()
     if avail and need > MEMORY_SHARE * avail:
@@ -198,18 +219,40 @@ def pack_linears(model: Any) -> int:
         kernels["rows" if mine else "oneDNN"] += 1
     log.info("bfloat16 step products prepacked (%.0f MB): %s", need / 1e6,
              ", ".join(f"{n} layers for {k}" for k, n in kernels.items() if n))
+    return done + len(todo)
+
+
+def _take_float32(linears: list[torch.nn.Linear]) -> int:
+    """float32 layers on a CPU, where our float32 rows kernel runs and the target computes on
+    one thread (the kernel is single-threaded; MKL scales with threads): their "packed" weight
+    is the layer's own, read in place (a view, no copy: kernels/rows_f32.py). Returns how many."""
+    todo = [m for m in linears if not hasattr(m, _PACKED) and rows_f32.fits(m.weight)]
+    if not todo or torch.get_num_threads() != 1 or not rows_f32.available():
+        return 0
+    for m in todo:
+        setattr(m, _PACKED, m.weight.detach())
+        m.forward = types.MethodType(_forward, m)
+    log.info("float32 step products through our float32 rows kernel: %d layers", len(todo))
     return len(todo)
 
 
 def packed_kernel(model: Any) -> str | None:
-    """``"rows"`` where any linear layer of ``model`` runs our rows kernel, ``"onednn"`` where
+    """``"rows"`` where any linear layer of ``model`` runs one of our rows kernels (bfloat16 or
+    float32), ``"onednn"`` where
     they are packed for oneDNN only, ``None`` where none is packed (latency tables are keyed by
     it, decoding/sizing/latency.py: the kernels cost differently)."""
-    # The rows kernel's layout is a dense 4-D tensor; oneDNN's is its opaque 2-D one.
-    dims = {getattr(m, _PACKED).dim() for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, _PACKED)}
-    if not dims:
+    # The bfloat16 rows kernel's layout is a dense 4-D tensor; oneDNN's is its opaque 2-D one;
+    # the float32 rows kernel reads the layer's own float32 weight.
+    held = [getattr(m, _PACKED) for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, _PACKED)]
+    if not held:
         return None
-    return "rows" if 4 in dims else "onednn"
+    return "rows" if any(p.dim() == 4 or p.dtype == torch.float32 for p in held) else "onednn"
+
+
+def float32_rows(layer: torch.nn.Module) -> bool:
+    """Whether ``layer``'s step products run our float32 rows kernel (:func:`_take_float32`)."""
+    packed = getattr(layer, _PACKED, None)
+    return packed is not None and packed.dtype == torch.float32
 
 
 def is_packed(model: Any) -> bool:

@@ -67,9 +67,10 @@ def unavailable_reason() -> str | None:
     return machine_reason()
 
 
-def machine_reason() -> str | None:
-    """Why no kernel of ours can be built here (the CPU flags, the compiler), or ``None``."""
-    missing = [f for f in NEEDED_FLAGS if f not in cpu_flags()]
+def machine_reason(needed: tuple[str, ...] = NEEDED_FLAGS) -> str | None:
+    """Why a kernel of ours needing the CPU flags ``needed`` (default: the AVX-512 BF16 ones)
+    cannot be built here (the flags, the compiler), or ``None``."""
+    missing = [f for f in needed if f not in cpu_flags()]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
     if _compiler() is None:
@@ -77,11 +78,12 @@ def machine_reason() -> str | None:
     return None
 
 
-def _build(cc: str, source: Path = SOURCE) -> Path:
-    """Compile ``source`` (``rows_bf16.c`` or another kernel of ours) into the cache unless a
-    build of the same source, flags and compiler is there; returns the shared library's path."""
+def _build(cc: str, source: Path = SOURCE, flags: tuple[str, ...] = FLAGS) -> Path:
+    """Compile ``source`` (``rows_bf16.c`` or another kernel of ours) with ``flags`` into the
+    cache unless a build of the same source, flags and compiler is there; returns the shared
+    library's path."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\0".join([source.read_text(), *FLAGS, cc, version]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([source.read_text(), *flags, cc, version]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     target = cache / f"{source.stem}-{digest}.so"
     if target.exists():
@@ -92,7 +94,7 @@ def _build(cc: str, source: Path = SOURCE) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f"{source.stem}-", suffix=".so.tmp", dir=cache)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(source), "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        done = subprocess.run([cc, *flags, str(source), "-o", tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} exited {done.returncode}: {done.stderr.strip()[-500:]}")
         os.replace(tmp, target)
@@ -102,13 +104,14 @@ def _build(cc: str, source: Path = SOURCE) -> Path:
     return target
 
 
-def load(source: Path, reason: str | None) -> tuple[ctypes.CDLL | None, str | None]:
-    """Build (:func:`_build`) and load the kernel ``source`` unless ``reason`` says why it cannot
-    run here; returns the library, or ``None`` and the reason (a failed build included)."""
+def load(source: Path, reason: str | None, flags: tuple[str, ...] = FLAGS) -> tuple[ctypes.CDLL | None, str | None]:
+    """Build (:func:`_build`, with ``flags``) and load the kernel ``source`` unless ``reason``
+    says why it cannot run here; returns the library, or ``None`` and the reason (a failed build
+    included)."""
     if reason is not None:
         return None, reason
     try:
-        return ctypes.CDLL(str(_build(_compiler() or "cc", source))), None
+        return ctypes.CDLL(str(_build(_compiler() or "cc", source, flags))), None
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, f"building {source.name} failed ({exc})"
 
