@@ -14,6 +14,7 @@ from test_linear import spy_packed_products, verify_and_decode  # tests/decoding
 
 from tss_opt.config.model import TinyConfig
 from tss_opt.decoding import linear
+from tss_opt.decoding.cache import crop_to
 from tss_opt.decoding.compiled import CompiledTarget
 from tss_opt.decoding.drafters import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
@@ -172,20 +173,27 @@ def test_a_forward_that_trains_keeps_f_linear(one_thread):
 
 
 @needs_kernel
-def test_a_compiled_step_runs_the_kernel_from_one_row(monkeypatch, one_thread):
-    """Inside the compiled graphs every float32 product of a step takes the kernel, a plain
-    step's one row included (it beats MKL's one-row product here), so a plain compiled step and
-    a verification compute each row's products alike."""
+def test_a_compiled_verification_runs_the_kernel_and_decodes_as_eager(monkeypatch, one_thread):
+    """Inside the compiled graphs a step of 2-16 slots takes the kernel (through the
+    tss_opt::packed_linear operator); a plain step keeps inductor's one-row product and fused
+    head, which were as fast (benchmarks/rows_kernel.py --dtype float32). Greedy tokens equal
+    the eager target's."""
     prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
     model = tiny()
     target = CompiledTarget(model)
     calls = spy_packed_products(monkeypatch)
     cache = target.new_cache()
     logits, _ = target.prefill(prompt, cache)
+    tree = DraftTree(tokens=torch.tensor([3, 4, 5, 6]), parents=(-1, 0, 0, 2))
     calls.clear()
-    target.verify_forward(int(logits[-1].argmax()), DraftTree.empty(), cache, len(prompt))
+    target.verify_forward(int(logits[-1].argmax()), tree, cache, len(prompt))
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert len(calls) == linears  # every layer's products in the graph, and the eager head
+    calls.clear()
+    crop_to(cache, len(prompt))
+    target.verify_forward(int(logits[-1].argmax()), DraftTree.empty(), cache, len(prompt))
+    assert calls == []
     eager = TargetModel(model)
+    drafter = PromptLookupDrafter(num_tokens=6)
     tokens = SpeculativeEngine(eager).generate(prompt, max_new_tokens=16).tokens.tolist()
-    assert SpeculativeEngine(target).generate(prompt, max_new_tokens=16).tokens.tolist() == tokens
+    assert SpeculativeEngine(target, drafter).generate(prompt, max_new_tokens=16).tokens.tolist() == tokens

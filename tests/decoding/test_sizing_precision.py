@@ -37,7 +37,7 @@ def test_the_key_and_the_file_name_carry_the_dtype(targets, tmp_path: Path) -> N
         return {**{k: v for k, v in key.items() if k != "dtype"}, "model": model}
 
     assert rest(k32) == rest(k16)
-    f32_kernel = " rows" if linear.float32_rows(targets["float32"].lm_head) else ""
+    f32_kernel = " rows" if linear.packed_kernel(targets["float32"].model) == "rows" else ""
     assert k32["model"] == rest(k32)["model"] + f32_kernel
     assert table_path("latency", k32, tmp_path) != table_path("latency", k16, tmp_path)
     assert batch_latency_path(targets["float32"], tmp_path) != batch_latency_path(targets["bfloat16"], tmp_path)

@@ -47,7 +47,7 @@ from tss_opt.decoding.attention import verify_attention
 from tss_opt.decoding.cache import InPlaceLayer, SkipAwareCache, preallocate, with_cache
 from tss_opt.decoding.direct import DirectCompiled
 from tss_opt.decoding.host_syncs import upload
-from tss_opt.decoding.linear import float32_rows, packed_linears
+from tss_opt.decoding.linear import packed_linears
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.errors import TSSError
@@ -268,11 +268,7 @@ class CompiledTarget(TargetModel):
             fn, counting, varying=WINDOW_SIZES, enabled=self.direct, fullgraph=True, dynamic=False, options=layer_guards,
         )
         self._head: DirectCompiled | None = None
-        # A float32 head held by our float32 rows kernel stays eager (packed_linears): its one-row
-        # product was not slower than the fused graph's (7.3 against 7.9 ms for SmolLM2's head,
-        # AMD EPYC without AVX-512, one thread, 2026-12-06, /tmp script), and a plain step's
-        # logits then have the bits a verification's would.
-        if self.device.type == "cpu" and isinstance(self.lm_head, torch.nn.Linear) and not float32_rows(self.lm_head):
+        if self.device.type == "cpu" and isinstance(self.lm_head, torch.nn.Linear):
             head = types.FunctionType(_head_step.__code__.replace(), _head_step.__globals__, "_head_step")
             head_guards = {"guard_filter_fn": tensor_guards} if lean_guards else None  # one module: alike
             self._head = DirectCompiled(

@@ -7,7 +7,10 @@ place (no copy): each weight read once for all of the step's rows, row-invariant
 products of 2-16 rows cost far more than its one-row product. Values differ from MKL's in the
 last float32 places (another summation order), as two BLAS libraries' would; a step's tokens
 are compared through one kernel (plain and speculative decoding both use it). Inside compiled
-graphs it runs from one row (:func:`_forward`). The rest of this docstring is about bfloat16.
+graphs it runs from :data:`GRAPH_MIN_ROWS` rows, as the bfloat16 kernels do: inductor's one-row
+product and fused head were as fast (``benchmarks/rows_kernel.py --dtype float32``: a compiled
+plain step 41.5 ms either way after 64 cached tokens, 2-4 slots 1.29-1.47x faster with the
+kernel, on an AMD EPYC without AVX-512). The rest of this docstring is about bfloat16.
 
 Two kernels hold the packed bfloat16 weights: our **rows kernel** (``kernels/rows.py``: AVX-512 BF16,
 built from C at first use, one thread; each weight read once for all of a step's rows, the
@@ -70,7 +73,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "GRAPH_MIN_ROWS",
     "PACK_MAX_ROWS",
-    "float32_rows",
     "is_packed",
     "pack_linears",
     "packed_kernel",
@@ -156,9 +158,7 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed = getattr(self, _PACKED)
     if torch.compiler.is_compiling():  # before the context variable, which dynamo must not trace
         # Shapes are static in our graphs (``dynamic=False``): the row count is a constant.
-        # float32: from one row, the kernel's one-row product beats MKL's (module docstring).
-        least = 1 if packed.dtype == torch.float32 else GRAPH_MIN_ROWS
-        if _fits(self, x, packed) and x.numel() >= least * self.in_features:
+        if _fits(self, x, packed) and x.numel() >= GRAPH_MIN_ROWS * self.in_features:
             return packed_linear(x, packed, self.bias)
     elif _ACTIVE.get() and _fits(self, x, packed):  # the context first: F.linear's callers pay nothing
         return _packed_product(x, packed, self.bias)
@@ -247,12 +247,6 @@ def packed_kernel(model: Any) -> str | None:
     if not held:
         return None
     return "rows" if any(p.dim() == 4 or p.dtype == torch.float32 for p in held) else "onednn"
-
-
-def float32_rows(layer: torch.nn.Module) -> bool:
-    """Whether ``layer``'s step products run our float32 rows kernel (:func:`_take_float32`)."""
-    packed = getattr(layer, _PACKED, None)
-    return packed is not None and packed.dtype == torch.float32
 
 
 def is_packed(model: Any) -> bool:
