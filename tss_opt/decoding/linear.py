@@ -5,12 +5,14 @@ AVX2 and FMA, built from C at first use) and the target computes on one thread, 
 products of 1 to :data:`PACK_MAX_ROWS` rows go through it, reading the layer's own weight in
 place (no copy): each weight read once for all of the step's rows, row-invariant, where MKL's
 products of 2-16 rows cost far more than its one-row product. Values differ from MKL's in the
-last float32 places (another summation order), as two BLAS libraries' would; a step's tokens
-are compared through one kernel (plain and speculative decoding both use it). Inside compiled
-graphs it runs from :data:`GRAPH_MIN_ROWS` rows, as the bfloat16 kernels do: inductor's one-row
+last float32 places (another summation order), as two BLAS libraries' would; eager plain and
+speculative decoding both run it, so their products agree bit for bit. Inside compiled graphs
+it runs from :data:`GRAPH_MIN_ROWS` rows, as the bfloat16 kernels do: inductor's one-row
 product and fused head were as fast (``benchmarks/rows_kernel.py --dtype float32``: a compiled
 plain step 41.5 ms either way after 64 cached tokens, 2-4 slots 1.29-1.47x faster with the
-kernel, on an AMD EPYC without AVX-512). The rest of this docstring is about bfloat16.
+kernel, on an AMD EPYC without AVX-512), and a compiled plain step's products differ from a
+verification's in the last places, as they did with MKL's. The rest of this docstring is
+about bfloat16.
 
 Two kernels hold the packed bfloat16 weights: our **rows kernel** (``kernels/rows.py``: AVX-512 BF16,
 built from C at first use, one thread; each weight read once for all of a step's rows, the
@@ -238,9 +240,8 @@ def _take_float32(linears: list[torch.nn.Linear]) -> int:
 
 def packed_kernel(model: Any) -> str | None:
     """``"rows"`` where any linear layer of ``model`` runs one of our rows kernels (bfloat16 or
-    float32), ``"onednn"`` where
-    they are packed for oneDNN only, ``None`` where none is packed (latency tables are keyed by
-    it, decoding/sizing/latency.py: the kernels cost differently)."""
+    float32), ``"onednn"`` where they are packed for oneDNN only, ``None`` where none is packed
+    (latency tables are keyed by it, decoding/sizing/latency.py: the kernels cost differently)."""
     # The bfloat16 rows kernel's layout is a dense 4-D tensor; oneDNN's is its opaque 2-D one;
     # the float32 rows kernel reads the layer's own float32 weight.
     held = [getattr(m, _PACKED) for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, _PACKED)]

@@ -157,7 +157,8 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
         # A compiled target uses them inside its graphs too (since 2026-12-05): a table of the
         # graphs' earlier aten::mm products ("compiled packed") must not size it. Our rows
         # kernel (since 2026-12-06, decoding/kernels/rows.py) prices verification lower than
-        # oneDNN's products: " rows", never sized by a oneDNN table nor the reverse.
+        # oneDNN's products: " rows", never sized by a oneDNN table nor the reverse. So does our
+        # float32 rows kernel (decoding/kernels/rows_f32.py) against MKL's float32 tables.
         kind = "rows" if packed_kernel(target.model) == "rows" else "packed"
         name += f" {kind}+graph" if target.compiled else f" {kind}"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
