@@ -154,12 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         code = main()
-    except Exception as e:  # a Ctrl-C during a lazy import can come wrapped (interrupted_by)
+    except BaseException as e:  # Ctrl-C, also wrapped as during a lazy import (interrupted_by)
         if not interrupted_by(e):
             raise
-        print(INTERRUPTED, file=sys.stderr)
-        code = EXIT_INTERRUPTED
-    except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         code = EXIT_INTERRUPTED
     sys.exit(code)

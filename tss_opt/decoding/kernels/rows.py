@@ -37,7 +37,9 @@ from tss_opt.models.precision import cpu_flags
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BLOCK", "available", "fits", "library", "load", "machine_reason", "pack", "rows_linear", "unavailable_reason"]
+__all__ = [
+    "BLOCK", "available", "fits", "flat_rows", "library", "load", "machine_reason", "pack", "rows_linear", "unavailable_reason",
+]
 
 SOURCE = Path(__file__).with_name("rows_bf16.c")
 FLAGS: tuple[str, ...] = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-shared", "-fPIC")
@@ -150,6 +152,17 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().reshape(n // BLOCK, BLOCK, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
+def flat_rows(x: torch.Tensor, k: int, dtype: torch.dtype, kernel: str) -> torch.Tensor:
+    """``x`` ``(..., k)`` as the ``(M, k)`` rows a kernel of ours reads (each row contiguous; a
+    view where it can be), after checking its dtype, width and device (``kernel`` names the
+    kernel in the error)."""
+    if x.dtype != dtype or x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"{kernel}: input {tuple(x.shape)} {x.dtype} on {x.device}; "
+                         f"expected {str(dtype).removeprefix('torch.')} (..., {k}) on the CPU")
+    flat = x.reshape(-1, k)
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
 def rows_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` through the kernel, ``packed = pack(weight)``.
 
@@ -165,11 +178,7 @@ def rows_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     if lib is None:
         raise RuntimeError(f"rows kernel unavailable: {unavailable_reason() or 'its build failed (see the INFO log)'}")
     n, k = packed.shape[0] * BLOCK, packed.shape[1] * 2
-    if x.dtype != torch.bfloat16 or x.shape[-1] != k or x.device.type != "cpu":
-        raise ValueError(f"rows kernel: input {tuple(x.shape)} {x.dtype} on {x.device}; expected bfloat16 (..., {k}) on the CPU")
-    rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = flat_rows(x, k, torch.bfloat16, "rows kernel")
     out = torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16)
     m = rows.shape[0]
     if m == 0:

@@ -100,11 +100,7 @@ def rows_linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         raise ValueError(f"float32 rows kernel: weight {tuple(weight.shape)} {weight.dtype} on {weight.device} "
                          f"with strides {weight.stride()}; expected float32 (N, K) on the CPU with contiguous rows")
     n, k = weight.shape
-    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
-        raise ValueError(f"float32 rows kernel: input {tuple(x.shape)} {x.dtype} on {x.device}; expected float32 (..., {k}) on the CPU")
-    flat = x.reshape(-1, k)
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
+    flat = rows.flat_rows(x, k, torch.float32, "float32 rows kernel")
     out = torch.empty((*x.shape[:-1], n), dtype=torch.float32)
     m = flat.shape[0]
     if m == 0:
