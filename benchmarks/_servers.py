@@ -1,7 +1,8 @@
 """The servers ``serve_load.py`` compares, each started as its own process on a free loopback
 port, on the same float32 checkpoint and the same CPU thread count:
 
-- ``ours``: ``python -m tss_opt.cli.serve`` (the native server);
+- ``ours``: ``python -m tss_opt.cli.serve`` (the native server; ``ours-nokernels``: the same with
+  ``TSS_ROWS_KERNEL=0 TSS_ATTENTION_KERNEL=0``);
 - ``peer``: ``transformers serve DIR --continuous-batching``;
 - ``tssvllm``: ``python -m tss_opt.cli.serve backend=vllm`` (vLLM's OpenAI server with the TSS
   plugin: ``--enforce-eager``, the TSS model class, its middleware and worker extension);
@@ -47,7 +48,7 @@ class ServerSpec:
     """How to start one server.
 
     Attributes:
-        name: ``ours``, ``ours-auto``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
+        name: ``ours``, ``ours-auto``, ``ours-nokernels``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
             column).
         port: The loopback port it listens on.
         argv: The command line, the interpreter first.
@@ -177,15 +178,16 @@ def vllm_spec(
 
 def ours_spec(
     port: int, mapping: Path, cache_dir: Path, max_tokens: int, threads: int, extra: Sequence[str], log: Path,
-    name: str = "ours",
+    name: str = "ours", env: dict[str, str] | None = None,
 ) -> ServerSpec:
-    """``python -m tss_opt.cli.serve`` of this repository (PYTHONPATH: not an installed copy)."""
+    """``python -m tss_opt.cli.serve`` of this repository (PYTHONPATH: not an installed copy),
+    with ``env`` set on top of the thread count."""
     argv = [
         sys.executable, "-m", "tss_opt.cli.serve", "host=127.0.0.1", f"port={port}",
         f"mapping_path={mapping}", f"model.cache_dir={cache_dir}", f"max_new_tokens={max_tokens}",
         f"threads={threads}", *extra,
     ]
-    return ServerSpec(name, port, argv, {**thread_env(threads), "PYTHONPATH": _repo_path()}, None, log)
+    return ServerSpec(name, port, argv, {**thread_env(threads), **(env or {}), "PYTHONPATH": _repo_path()}, None, log)
 
 
 def peer_spec(port: int, checkpoint: Path, threads: int, extra: Sequence[str], log: Path) -> ServerSpec:

@@ -20,6 +20,10 @@ The servers (``--servers``, in the order given; ``_servers.py`` builds their com
   machine (bfloat16 on a CPU with native bf16 dot products, ``tss_opt/models/precision.py``;
   the line of its log that says which is quoted in the report), beside ``ours`` in the
   embedded preset's float32.
+- ``ours-nokernels``: ``ours`` with our CPU kernels off (``TSS_ROWS_KERNEL=0
+  TSS_ATTENTION_KERNEL=0``: the library's products and attention, ``docs/engine.md``), beside
+  ``ours`` to show what the kernels give under load. They run on one thread only, so compare
+  the two with ``--threads 1``: on more threads ``ours`` keeps the library's products too.
 - ``peer``: ``transformers serve DIR --continuous-batching --device cpu --dtype float32``; its
   own flags through ``--peer-arg=--cb-num-blocks=64``.
 - ``tssvllm``: ``python -m tss_opt.cli.serve backend=vllm mapping_path=<the mapping>``: vLLM's
@@ -105,10 +109,12 @@ TARGET_VS_PEER, GOAL_VS_PEER, TARGET_VS_ONE = 1.0, 1.5, 2.0  # ours, at the most
 # launch settings on a one-domain load (the skipped layers' saving); the goal: plain vLLM's
 # defaults on the mixed load.
 TARGET_VS_OURS, TARGET_VS_OURS_AT, TARGET_VS_EAGER, GOAL_VS_VLLM = 1.25, 16, 1.0, 1.0
-SERVERS = ("ours", "ours-auto", "peer", "tssvllm", "vllm", "vllm-eager")
+SERVERS = ("ours", "ours-auto", "ours-nokernels", "peer", "tssvllm", "vllm", "vllm-eager")
 VLLM_SERVERS = ("tssvllm", "vllm", "vllm-eager")
-LABELLED = ("ours", "ours-auto", "tssvllm")  # requests name their domain
+LABELLED = ("ours", "ours-auto", "ours-nokernels", "tssvllm")  # requests name their domain
 COUNTS_PATH = "/tss/layer_counts"
+NO_KERNELS = {"TSS_ROWS_KERNEL": "0", "TSS_ATTENTION_KERNEL": "0"}
+"""ours-nokernels' environment: our CPU kernels off (decoding/kernels/)."""
 
 
 @dataclass(frozen=True)
@@ -307,14 +313,14 @@ def row(level: Level, solo: dict[int, str]) -> str:
         equal = f"{same}/{len(ok)}"
     lat = [o.latency for o in ok]
     return (
-        f"{level.server:<10} {level.load:<13} {level.clients:>7} {len(level.outcomes):>8} "
+        f"{level.server:<14} {level.load:<13} {level.clients:>7} {len(level.outcomes):>8} "
         f"{len(level.outcomes) - len(ok):>6} {equal:>10} {len(ok) / level.wall:>7.2f} {level.tokens_per_s:>7.1f} "
         f"{percentile(lat, 0.5):>7.2f} {percentile(lat, 0.95):>7.2f} {level.wall:>7.1f}"
     )
 
 
 HEADER = (
-    f"{'server':<10} {'load':<13} {'clients':>7} {'requests':>8} {'errors':>6} {'equal solo':>10} {'req/s':>7} "
+    f"{'server':<14} {'load':<13} {'clients':>7} {'requests':>8} {'errors':>6} {'equal solo':>10} {'req/s':>7} "
     f"{'tok/s':>7} {'p50 s':>7} {'p95 s':>7} {'wall s':>7}"
 )
 
@@ -526,6 +532,7 @@ def ratio_lines(
                     f"{times(a.tokens_per_s, b.tokens_per_s)}, p50 {times(b.p50, a.p50)}{tgt}"
                 )
         lines += versus(results, load.name, "ours-auto", "ours")
+        lines += versus(results, load.name, "ours", "ours-nokernels")
         lines += versus(results, load.name, "tssvllm", "ours",
                         TARGET_VS_OURS if multi else None, "target", TARGET_VS_OURS_AT)
         lines += versus(results, load.name, "tssvllm", "vllm-eager", TARGET_VS_EAGER if load.one_domain else None)
@@ -651,6 +658,10 @@ def main() -> None:
             port, mapping, cache_dir, args.max_tokens, threads, [*ours_extra, "dtype=auto"], work / "ours-auto.log",
             name="ours-auto",
         ),
+        "ours-nokernels": lambda port: _servers.ours_spec(
+            port, mapping, cache_dir, args.max_tokens, threads, ours_extra, work / "ours-nokernels.log",
+            name="ours-nokernels", env=NO_KERNELS,
+        ),
         "peer": lambda port: _servers.peer_spec(port, checkpoint, threads, args.peer_arg, work / "peer.log"),
         "tssvllm": lambda port: _servers.tssvllm_spec(port, mapping, cache_dir, args.vllm_arg, work / "tssvllm.log"),
         "vllm": lambda port: _servers.vllm_spec(port, checkpoint, args.vllm_arg, work / "vllm.log", eager=False),
@@ -710,6 +721,9 @@ def main() -> None:
         if name == "ours-auto":  # what dtype=auto chose, and why (the server's own log line)
             chose = [ln.split("dtype=auto: ", 1)[1] for ln in spec.log.read_text(errors="replace").splitlines() if "dtype=auto: " in ln]
             notes.append(f"ours-auto: dtype=auto: {chose[0] if chose else 'no line in the log saying what it chose'}")
+        if name in LABELLED and name != "tssvllm":  # which products its target took (its own INFO line)
+            said = [ln.split(" - ")[-1] for ln in spec.log.read_text(errors="replace").splitlines() if "step products" in ln]
+            notes.append(f"{name}: {said[0] if said else 'no line on step products in its log: the library products'}")
     table = [HEADER] + [
         row(lv, solo_texts(res[name])) for name in servers for res in results.values() if name in res for lv in res[name]
     ]
