@@ -65,7 +65,9 @@ layer ran dense, skipped or mixed, and tokens whose layer was skipped. Then rati
 targets: ours / peer per level (ours at the most clients >= 1x, goal 1.5x); each server at the
 most clients against itself at 1 (ours >= 2x); tssvllm / ours per level (>= 1.25x at 16 clients);
 tssvllm / vllm-eager per level (>= 1x on a one-domain load); tssvllm / vllm per level (goal >= 1x
-on the mixed load); the equal-solo count per server; and, for information, how many solo
+on the mixed load); ours-auto / ours and ours / ours-nokernels per level, with the line of
+each of our servers' logs that says which step products its target took; the equal-solo count
+per server; and, for information, how many solo
 answers of ours equal the peer's and of tssvllm equal vllm-eager's (mapped domains run sparse,
 which may change their answers; dense domains should match), and the skip sets reported.
 
@@ -111,7 +113,8 @@ TARGET_VS_PEER, GOAL_VS_PEER, TARGET_VS_ONE = 1.0, 1.5, 2.0  # ours, at the most
 TARGET_VS_OURS, TARGET_VS_OURS_AT, TARGET_VS_EAGER, GOAL_VS_VLLM = 1.25, 16, 1.0, 1.0
 SERVERS = ("ours", "ours-auto", "ours-nokernels", "peer", "tssvllm", "vllm", "vllm-eager")
 VLLM_SERVERS = ("tssvllm", "vllm", "vllm-eager")
-LABELLED = ("ours", "ours-auto", "ours-nokernels", "tssvllm")  # requests name their domain
+OURS = ("ours", "ours-auto", "ours-nokernels")  # the native server, three ways
+LABELLED = (*OURS, "tssvllm")  # requests name their domain
 COUNTS_PATH = "/tss/layer_counts"
 NO_KERNELS = {"TSS_ROWS_KERNEL": "0", "TSS_ATTENTION_KERNEL": "0"}
 """ours-nokernels' environment: our CPU kernels off (decoding/kernels/)."""
@@ -718,11 +721,12 @@ def main() -> None:
         for load_name, lv in got.items():
             results[load_name][name] = lv
         notes += counted
-        if name == "ours-auto":  # what dtype=auto chose, and why (the server's own log line)
-            chose = [ln.split("dtype=auto: ", 1)[1] for ln in spec.log.read_text(errors="replace").splitlines() if "dtype=auto: " in ln]
-            notes.append(f"ours-auto: dtype=auto: {chose[0] if chose else 'no line in the log saying what it chose'}")
-        if name in LABELLED and name != "tssvllm":  # which products its target took (its own INFO line)
-            said = [ln.split(" - ")[-1] for ln in spec.log.read_text(errors="replace").splitlines() if "step products" in ln]
+        if name in OURS:  # what its target chose (the server's own INFO lines)
+            logged = spec.log.read_text(errors="replace").splitlines()
+            if name == "ours-auto":  # the precision, and why
+                chose = [ln.split("dtype=auto: ", 1)[1] for ln in logged if "dtype=auto: " in ln]
+                notes.append(f"ours-auto: dtype=auto: {chose[0] if chose else 'no line in the log saying what it chose'}")
+            said = [ln.split(" - ")[-1] for ln in logged if "step products" in ln]
             notes.append(f"{name}: {said[0] if said else 'no line on step products in its log: the library products'}")
     table = [HEADER] + [
         row(lv, solo_texts(res[name])) for name in servers for res in results.values() if name in res for lv in res[name]
