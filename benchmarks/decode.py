@@ -93,6 +93,9 @@ DRAFTERS: dict[str, tuple[str, dict[str, Any]]] = {
     "pld_sized": ("prompt lookup, auto, sized per context only", {"name": "pld", "num_tokens": "auto", "adapt": False}),
     "token_recycle": ("Token Recycling, 15-node template", {"name": "token_recycle", "template": "builtin:token_recycle_15.json"}),
     "token_recycle_auto": ("Token Recycling, auto", {"name": "token_recycle"}),
+    # auto's shipped form gates every step on the request's own acceptance (adapt: true).
+    "token_recycle_sized": ("Token Recycling, auto, sized per context only",
+                            {"name": "token_recycle", "adapt": False}),
     "samd": ("SAMD, 10-token chain, 15-node fallback", {"name": "samd", "num_tokens": 10,
                                                          "template": "builtin:token_recycle_15.json"}),
     "samd_auto": ("SAMD, auto", {"name": "samd"}),
@@ -223,12 +226,13 @@ def calibrate(rt: Any, directory: Path, prompts: list[torch.Tensor], new_tokens:
 
 
 def choices(d: Any) -> list[str]:
-    """What a sized drafter chose: pld's chain per context bucket (or its per-request rule),
-    else its one tree."""
+    """What a sized drafter chose: its choice per context bucket and its per-request rule
+    (Token Recycling has both: a tree per bucket, gated per step), else its one tree."""
+    out = [d.sizer.describe()] if getattr(d, "sizer", None) is not None else []
     if getattr(d, "online", None) is not None:
-        return [d.online.describe()]
-    if getattr(d, "sizer", None) is not None:
-        return [d.sizer.describe()]
+        out.append(d.online.describe())
+    if out:
+        return out
     ch = getattr(d, "choice", None) or getattr(getattr(d, "fallback", None), "choice", None)
     return [ch.describe()] if ch is not None else []
 
@@ -445,10 +449,10 @@ def main() -> None:
                             cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / f"{over['name']}.yaml"), over)
                             d = build_drafter(cfg, tgt, rt.loaded)
                             specs.append(Arm(key + tag, f"ours: {label}{mtag}", engine_run(tgt, d, eos, sk), sk, drafter=d))
-                            if not sk and mode == "eager":
-                                notes += [f"{key}: {c}" for c in choices(d)]
+                            if not sk:  # the compiled step has its own tables, so its own choices
+                                notes += [f"{key}{mtag}: {c}" for c in choices(d)]
                                 for lab, m in getattr(d, "members", []) or []:
-                                    notes += [f"{key} member {lab}: {c}" for c in choices(m)]
+                                    notes += [f"{key}{mtag} member {lab}: {c}" for c in choices(m)]
                     if sk and not any(a.key == f"plain{tag}" for a in specs):
                         specs.append(Arm(f"plain{tag}", f"ours: plain decoding{mtag}", engine_run(tgt, None, eos, sk), sk))
             for n in notes:

@@ -1,7 +1,8 @@
 """Copy chains sized per step from the request's own acceptance (``adapt: true``): the scores
 are the prefixes the target would have accepted, a request that copies turns speculation on
 where the calibrated profile alone kept it off (and one that does not stays off), and prompt
-lookup with it stays lossless and replayable."""
+lookup with it stays lossless and replayable; Token Recycling's steps are gated on its request's
+rank-0 acceptance the same way."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from test_sized_defaults import (  # tests/decoding: the sized drafters' fixture
 
 from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.drafters import build_drafter
+from tss_opt.decoding.drafters.token_recycle import TokenRecycleDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.sizing import ENV_DIR, AcceptanceProfile, LatencyTable, OnlineChain
 from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.templates import TreeTemplate
 from tss_opt.evaluation.replay import replay_stats
 from tss_opt.models import LoadedModel
 
@@ -135,3 +138,67 @@ def test_adapt_must_be_a_boolean_and_a_fixed_chain_stays_fixed(target64: TargetM
     assert fixed.online is None and fixed.num_tokens == 7
     with pytest.raises(DrafterConfigError, match=r"drafter 'samd': adapt=1; expected true or false"):
         build_drafter({"name": "samd", "adapt": 1}, target64, tiny64)
+
+
+# ----------------------------------------------------------------- Token Recycling's gate
+def _recycler(follows: dict[int, int], online: OnlineChain | None) -> TokenRecycleDrafter:
+    """A Token Recycling drafter of a 2-node chain template whose table says token ``a`` is
+    followed by ``follows[a]`` (rank 0; rank 1 is token 0)."""
+    drafter = TokenRecycleDrafter(template=TreeTemplate(parents=(-1, 0), ranks=(0, 0)), top_k=2, online=online)
+    table = drafter._ensure_table(200)
+    for a, b in follows.items():
+        table.candidates[a] = torch.tensor([b, 0])
+        table.filled[a] = True
+    return drafter
+
+
+def test_rank0_chain_follows_the_table_until_a_token_without_a_row() -> None:
+    drafter = _recycler({5: 6, 6: 7, 7: 8}, None)
+    assert drafter.rank0_chain(5, 10) == [6, 7, 8]  # 8 has no row
+    assert drafter.rank0_chain(5, 2) == [6, 7]
+    assert drafter.rank0_chain(9, 10) == [] and drafter.rank0_chain(5, 0) == []
+
+
+def test_token_recycling_drafts_only_where_its_request_accepts() -> None:
+    """On a dear table with the low prior, a request whose table predicts the target's next
+    tokens earns its template within a few steps; one whose table never does drafts nothing,
+    while the ungated drafter drafts at every step."""
+    text = list(range(100, 140))
+    right = {a: b for a, b in zip(text, text[1:])}
+    wrong = {a: 7 for a in text}
+    good, bad, ungated = _recycler(right, _chain()), _recycler(wrong, _chain()), _recycler(wrong, None)
+    drafted = {"good": [], "bad": [], "ungated": []}
+    for t in range(10, 30):  # the target's output is the text itself
+        ctx = torch.tensor(text[:t])
+        for name, d in (("good", good), ("bad", bad), ("ungated", ungated)):
+            drafted[name].append(len(d.propose(ctx)))
+    assert drafted["good"][0] == 0 and drafted["good"][-1] == 2
+    # Ungated, the wrong table drafts token 7 at every step (7 has no row: no second node).
+    assert drafted["bad"] == [0] * 20 and drafted["ungated"] == [1] * 20
+    assert good.propose(torch.tensor(text[:30])).tokens.tolist() == text[30:32]  # the template, as expanded
+    good.reset(torch.tensor(text[:5]))
+    assert good.online.reached == [0] * 10  # a new request starts from the prior
+
+
+@pytest.mark.parametrize("latency", [CPU_LIKE, FLAT], ids=["cpu_like", "flat"])
+def test_token_recycling_auto_is_gated_by_default_and_lossless(target64: TargetModel, tiny64: LoadedModel,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              latency: dict[int, float]) -> None:
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _seed(target64, tmp_path, latency)
+    drafter = build_drafter({"name": "token_recycle"}, target64, tiny64)
+    assert isinstance(drafter.online, OnlineChain) and drafter.sizer is not None
+    _lossless(target64, drafter, new_tokens=24)
+    assert build_drafter({"name": "token_recycle", "adapt": False}, target64, tiny64).online is None
+    # SAMD's fallback follows its adapt setting.
+    assert isinstance(build_drafter({"name": "samd"}, target64, tiny64).fallback.online, OnlineChain)
+    assert build_drafter({"name": "samd", "adapt": False}, target64, tiny64).fallback.online is None
+
+
+def test_token_recycling_adapt_must_be_a_boolean_and_a_fixed_template_is_not_gated(target64: TargetModel,
+                                                                                   tiny64: LoadedModel) -> None:
+    with pytest.raises(DrafterConfigError, match=r"token_recycle'?: adapt=1; expected true or false"):
+        build_drafter({"name": "token_recycle", "adapt": 1}, target64, tiny64)
+    fixed = build_drafter({"name": "token_recycle", "template": "builtin:token_recycle_15.json", "adapt": True},
+                          target64, tiny64)
+    assert fixed.online is None and len(fixed.template) == 15

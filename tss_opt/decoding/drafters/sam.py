@@ -209,7 +209,7 @@ class SamdDrafter(Drafter):
         if self.online is not None:
             # Every match chain is scored at full length, drafted or not (sizing/online.py).
             full = self.sam.continuation(self.online.max_tokens) if self.sam.match_length >= self.threshold else []
-            cont = full[: self.online.length(context, torch.tensor(full, dtype=torch.long))]
+            cont = full[: self.online.length(context, full)]
         else:
             num_tokens = self.num_tokens if self.sizer is None else self.sizer(int(context.numel()))
             cont = self.sam.continuation(num_tokens) if num_tokens and self.sam.match_length >= self.threshold else []
@@ -262,7 +262,8 @@ def build_samd(
     shipped file: ``+drafter.fallback=none``) proposes nothing when the match is short (SAM
     decoding alone, replayable by evaluator=replay). ``adapt=True`` (with ``num_tokens=auto``)
     chooses the match chain's length at every step from the request's own acceptance
-    (:func:`adapted_match_chain`)."""
+    (:func:`adapted_match_chain`) and, with ``template=auto``, gates the fallback's steps on it
+    too (:meth:`TokenRecycleDrafter.sized_to`)."""
     if fallback not in ("none", "token_recycle"):
         raise DrafterConfigError(
             f"drafter samd: fallback={fallback!r} is not a fallback; expected token_recycle or none"
@@ -280,7 +281,7 @@ def build_samd(
     if fallback == "none":
         aux = NoDrafter()
     elif template == AUTO:
-        aux = TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table)
+        aux = TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, adapt=adapt)
     else:
         aux = TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table)
     fixed = most if num_tokens == AUTO else fixed_size("samd", "num_tokens", num_tokens)

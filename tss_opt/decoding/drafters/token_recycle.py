@@ -9,6 +9,14 @@ kept across requests by default, as in the paper (a warm table drafts better).
 The table also keeps the target's probability of every candidate as last seen; a node's
 confidence (``DraftTree.confidence``, for ``drafter=routed``) is that probability of its token
 after its parent's token.
+
+With ``template: auto`` and ``adapt: true`` (the default), a step drafts its context's sized
+tree only where this request's own acceptance says drafting pays: the table's rank-0 chain
+below the root is scored, drafted or not, against the tokens the target commits
+(:class:`~tss_opt.decoding.sizing.online.OnlineChain`), and a step whose best chain length is 0
+is a plain step. Why: one calibrated profile sized every request alike, and on long prompts a
+request that accepted less than the calibration prompts ran at 0.91x plain decoding
+(docs/results, round 10).
 """
 
 from __future__ import annotations
@@ -19,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.config.drafters import DrafterConfigError
 from tss_opt.decoding.drafter import Drafter, DrafterCapabilities, VerifyFeedback
 from tss_opt.decoding.drafters.building import builds, need_target
-from tss_opt.decoding.sizing import AUTO, RANK_PRIOR, ContextSized, load_profile
+from tss_opt.decoding.sizing import AUTO, RANK_PRIOR, ContextSized, OnlineChain, load_profile
 from tss_opt.decoding.templates import (
     TemplateError,
     TreeTemplate,
@@ -98,6 +107,9 @@ class TokenRecycleDrafter(Drafter):
         max_nodes: node budget for the template (``None``: no limit).
         sizer: the template per context length, overriding ``template`` (``template=auto``,
             :meth:`sized_to`).
+        online: the per-request gate (``adapt: true``, :meth:`sized_to`): a step drafts only
+            where the request's rank-0 acceptance so far makes a chain pay
+            (:meth:`OnlineChain.length` > 0).
     """
 
     # The prefill's logits give the last prompt token's row; confidence: the stored probability
@@ -119,6 +131,7 @@ class TokenRecycleDrafter(Drafter):
         keep_table: bool = True,
         max_nodes: int | None = None,
         sizer: ContextSized | None = None,
+        online: OnlineChain | None = None,
     ) -> None:
         if top_k < 1:
             raise ValueError(
@@ -135,6 +148,7 @@ class TokenRecycleDrafter(Drafter):
         self.keep_table = keep_table
         self.table: AdjacencyTable | None = None
         self.sizer = sizer
+        self.online = online
         self._levels = self._plan_levels(self.template)
         # Planned levels per template: a sized drafter switches templates with the context.
         self._plans: dict[int, tuple[TreeTemplate, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]] = {}
@@ -164,6 +178,8 @@ class TokenRecycleDrafter(Drafter):
     def reset(self, prompt_ids: torch.Tensor) -> None:
         if not self.keep_table:
             self.table = None
+        if self.online is not None:
+            self.online.reset()
 
     def prefill_feedback(
         self, prompt_ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor
@@ -216,10 +232,36 @@ class TokenRecycleDrafter(Drafter):
             tokens=tok[keep], parents=tuple(new_parents.tolist()), confidence=conf[keep]
         )
 
+    def rank0_chain(self, root_token: int, length: int) -> list[int]:
+        """The table's most likely continuation of ``root_token``: its rank-0 candidate, that
+        token's rank-0 candidate, and so on.
+
+        Returns:
+            At most ``length`` token ids; fewer where a token has no row yet (none: the root
+            has none).
+        """
+        table = self.table
+        if table is None or length < 1 or not 0 <= root_token < table.vocab_size:
+            return []
+        # Walked on the table's tensors and read once (``tolist``): one host read a step, not
+        # two per token (tests/decoding/test_host_syncs.py).
+        tok = torch.tensor(root_token)
+        chain = []
+        for _ in range(length):
+            chain.append(torch.where(table.filled[tok], table.candidates[tok, 0], -1))
+            tok = chain[-1].clamp_min(0)
+        out = torch.stack(chain).tolist()
+        return out[: out.index(-1)] if -1 in out else out  # cut at the first token without a row
+
     def propose(self, context: torch.Tensor) -> DraftTree:
         if self.sizer is not None:
             self._use(self.sizer.bucket(int(context.numel())))
-        return self.expand(int(context[-1]))
+        root = int(context[-1])
+        # The gate scores the rank-0 chain at every step that has a template, drafted or not.
+        if self.online is not None and len(self.template):
+            if not self.online.length(context, self.rank0_chain(root, self.online.max_tokens)):
+                return DraftTree.empty()
+        return self.expand(root)
 
     def _use(self, bucket: int) -> None:
         """Switch to the sized template of a context bucket (levels planned once per bucket)."""
@@ -238,24 +280,36 @@ class TokenRecycleDrafter(Drafter):
         max_nodes: int | None = None,
         max_depth: int = 8,
         directory: str | Path | None = None,
+        adapt: bool = False,
     ) -> TokenRecycleDrafter:
         """``template=auto``: per context bucket, the template that maximises expected tokens
         per second on this hardware (:mod:`tss_opt.decoding.sizing`: the latency table for
         that cached length and the ``token_recycle`` acceptance profile, else
         :attr:`sizing_prior`). An empty template means that no tree pays there: those steps
-        are plain decoding steps."""
+        are plain decoding steps. ``adapt``: gate every step on the request's own acceptance
+        (:class:`OnlineChain` over the rank-0 chain, the profile's rank-0 column as its prior,
+        chains up to ``max_depth``)."""
         accept = load_profile("token_recycle", cls.sizing_prior, directory).truncated(top_k)
         sizer = ContextSized.tree(target, accept, max_depth=max_depth, max_nodes=max_nodes, directory=directory)
-        return cls(template=sizer.first.template, top_k=top_k, keep_table=keep_table, sizer=sizer)
+        online = OnlineChain.for_target(target, accept, max_tokens=max_depth, directory=directory) if adapt else None
+        return cls(template=sizer.first.template, top_k=top_k, keep_table=keep_table, sizer=sizer, online=online)
 
 
 @builds(TokenRecycleDrafter)
 def build_token_recycle(
-    target: TargetModel, loaded: LoadedModel, *, template: Any, top_k: int, keep_table: bool, max_nodes: int | None
+    target: TargetModel, loaded: LoadedModel, *, template: Any, top_k: int, keep_table: bool, max_nodes: int | None,
+    adapt: bool = True,
 ) -> Drafter:
     """Token Recycling; ``template=auto`` (the default) sizes the tree per context length, a
-    template (``builtin:token_recycle_15.json``, a JSON path, a mapping) fixes it."""
+    template (``builtin:token_recycle_15.json``, a JSON path, a mapping) fixes it.
+    ``adapt=True`` (the default, read only with ``template=auto``; kept out of the shipped file
+    so stored studies keep their metadata) drafts only at steps where the request's own
+    acceptance pays (:meth:`TokenRecycleDrafter.sized_to`)."""
+    if not isinstance(adapt, bool):
+        raise DrafterConfigError(
+            f"drafter 'token_recycle': adapt={adapt!r}; expected true or false (docs/drafters.md, 'Adapted per request')"
+        )
     if template == AUTO:
         need_target("token_recycle", "template", target)
-        return TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)
+        return TokenRecycleDrafter.sized_to(target, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes, adapt=adapt)
     return TokenRecycleDrafter(template=template, top_k=top_k, keep_table=keep_table, max_nodes=max_nodes)

@@ -32,7 +32,7 @@ tokens are samples and the scores estimate acceptance under that sampling.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,21 +133,24 @@ class OnlineChain:
                 kept.append((start, tokens, done))
         self._pending = kept
 
-    def length(self, context: torch.Tensor, proposal: torch.Tensor) -> int:
+    def length(self, context: torch.Tensor, proposal: torch.Tensor | Sequence[int]) -> int:
         """Score what was committed since the last call, keep ``proposal`` for scoring, and
         return how many of its tokens to speculate on (``0``: a plain step).
 
         Args:
             context: ``torch.LongTensor`` of shape ``(L,)``: the prompt and committed tokens.
-            proposal: ``torch.LongTensor`` of shape ``(K,)``, ``K <= max_tokens``: the drafter's
-                full proposal continuing ``context`` (empty: nothing to propose).
+            proposal: ``torch.LongTensor`` of shape ``(K,)``, or a list of ``K`` token ids (a
+                drafter that holds one need not make a tensor to be read back), ``K <=
+                max_tokens`` kept: the drafter's full proposal continuing ``context`` (empty:
+                nothing to propose).
         """
         self._score(context)
-        K = min(int(proposal.numel()), self.max_tokens)
+        tokens = proposal.tolist() if isinstance(proposal, torch.Tensor) else list(proposal)
+        K = min(len(tokens), self.max_tokens)
         if K == 0:
             return 0
         L = int(context.numel())
-        self._pending.append((L, proposal[:K].tolist(), 0))
+        self._pending.append((L, tokens[:K], 0))
         seconds = self._seconds[context_bucket(self.tables, L)]
         best_k, best_rate = 0, 1.0 / seconds[0]
         plain = best_rate
