@@ -25,10 +25,8 @@ MAX_READS_PER_STEP = {
     "draft_model": 5,
     "draft_model_sampled": 6,
     "eagle": 4,
-    # The per-request gate (adapt: true) reads its rank-0 chain and the committed tokens it
-    # scores: host tensors, no device sync (the table lives on the host).
-    "token_recycle": 12,
-    "samd": 12,
+    "token_recycle": 11,
+    "samd": 11,
 }
 
 
