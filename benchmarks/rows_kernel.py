@@ -63,7 +63,6 @@ from tss_opt.decoding.tree import DraftTree  # noqa: E402
 from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
 
 ROW_COUNTS = (1, 2, 4, 8, 16)
-KERNELS = ("rows", "other")
 OTHER = {"bfloat16": "oneDNN", "float32": "F.linear"}
 """What our kernel is measured against, per precision."""
 
@@ -123,11 +122,13 @@ def _chain(n: int) -> DraftTree:
 
 
 @torch.inference_mode()
-def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, vocab: int, other: str) -> list[str]:
-    """Part 2: verification steps of each slot count, per target, alternating."""
-    lines = ["| cached | slots | " + " | ".join(f"{n} ms" for n in targets)
-             + f" | {other} / rows, eager | {other} / rows, compiled |",
-             "|---:|---:|" + "---:|" * (len(targets) + 2)]
+def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, vocab: int, kinds: list[str]) -> list[str]:
+    """Part 2: verification steps of each slot count, per target (``"<kind>, eager"`` and
+    ``"<kind>, compiled"`` for each of ``kinds``, the shipped one first), alternating."""
+    mine, others = kinds[0], kinds[1:]
+    lines = ["| cached | slots | " + " | ".join(f"{n} ms" for n in targets) + " | "
+             + " | ".join(f"{o} / {mine}, {mode}" for o in others for mode in ("eager", "compiled")) + " |",
+             "|---:|---:|" + "---:|" * (len(targets) + 2 * len(others))]
     for length in lengths:
         prompt = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
         caches = {}
@@ -146,10 +147,32 @@ def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, voc
                         times[name].append(time.perf_counter() - t0)
                     crop_to(caches[name], length)
             med = {n: statistics.median(v) for n, v in times.items()}
-            lines.append(f"| {length} | {slots} | " + " | ".join(f"{v * 1e3:.1f}" for v in med.values())
-                         + f" | {med[f'{other}, eager'] / med['rows, eager']:.2f}x"
-                         + f" | {med[f'{other}, compiled'] / med['rows, compiled']:.2f}x |")
+            lines.append(f"| {length} | {slots} | " + " | ".join(f"{v * 1e3:.1f}" for v in med.values()) + " | "
+                         + " | ".join(f"{med[f'{o}, {mode}'] / med[f'{mine}, {mode}']:.2f}x"
+                                      for o in others for mode in ("eager", "compiled")) + " |")
     return lines
+
+
+def _assemble_with(settings: list[str], kernel: Any, env: dict[str, str]) -> Any:
+    """The runtime of ``settings`` with ``kernel`` made unavailable (``kernel=None``: as
+    shipped) and ``env`` set while its target is built and compiled (building packs it)."""
+    real = kernel.available if kernel is not None else None
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    if kernel is not None:
+        kernel.available = lambda: False
+    try:
+        rt = assemble(compose_config(settings))
+        rt.compiled = CompiledTarget(rt.loaded.model)
+    finally:
+        if kernel is not None:
+            kernel.available = real
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rt
 
 
 def main() -> None:
@@ -171,53 +194,51 @@ def main() -> None:
               "nothing to compare")
         return
     settings = [f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]
-    rt = assemble(compose_config(settings))
-    real = kernel.available
-    # The second copy: oneDNN's packing (bfloat16), F.linear (float32); its compiled target is
-    # built here too (building a target packs what is not packed yet).
-    kernel.available = lambda: False
-    try:
-        rt_dnn = assemble(compose_config(settings))
-        other_compiled = CompiledTarget(rt_dnn.loaded.model)
-    finally:
-        kernel.available = real
-    compiled = {"rows": CompiledTarget(rt.loaded.model), "other": other_compiled}
-    kinds = (linear.packed_kernel(rt.loaded.model), linear.packed_kernel(rt_dnn.loaded.model))
-    assert kinds == ("rows", "onednn" if args.dtype == "bfloat16" else None), kinds
-    print(f"# rows_kernel: SmolLM2-135M {args.dtype}, our kernel against {other}, 1 thread, torch {torch.__version__}; "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    # As shipped (on a CPU with AMX: our kernel up to 6 rows, oneDNN's AMX product from 7); on
+    # such a CPU the rows kernel alone too (TSS_AMX_ROWS=0); then the other (oneDNN's packing,
+    # bfloat16, or F.linear, float32), each with its compiled target.
+    runtimes = {"shipped": _assemble_with(settings, None, {})}
+    if linear.packed_kernel(runtimes["shipped"].loaded.model) == "rows+amx":
+        runtimes["rows only"] = _assemble_with(settings, None, {"TSS_AMX_ROWS": "0"})
+    runtimes["other"] = _assemble_with(settings, kernel, {})
+    kinds = {name: linear.packed_kernel(rt.loaded.model) for name, rt in runtimes.items()}
+    assert kinds["shipped"] in ("rows", "rows+amx") and kinds.get("rows only", "rows") == "rows", kinds
+    assert kinds["other"] == ("onednn" if args.dtype == "bfloat16" else None), kinds
+    names = {"shipped": kinds["shipped"], "rows only": "rows", "other": other}
+    labelled = {names[k]: rt for k, rt in runtimes.items()}
+    print(f"# rows_kernel: SmolLM2-135M {args.dtype}, our kernel ({' and '.join(list(labelled)[:-1])}) against {other}, "
+          f"1 thread, torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     lengths = [int(x) for x in args.lengths.split(",")]
     if "products" in parts:
         print("\n## 1. The products\n")
-        print("\n".join(products(rt.loaded.model, args.rounds, args.dtype)), flush=True)
+        print("\n".join(products(runtimes["shipped"].loaded.model, args.rounds, args.dtype)), flush=True)
     if "steps" in parts:
-        print(f"\n## 2. Verification steps (median of {args.steps}, the four targets alternating)\n")
-        targets = {"rows, eager": rt.target, f"{other}, eager": rt_dnn.target,
-                   "rows, compiled": compiled["rows"], f"{other}, compiled": compiled["other"]}
-        vocab = int(rt.loaded.model.config.vocab_size)
-        print("\n".join(steps(targets, [n or 800 for n in lengths], args.steps, vocab, other)), flush=True)
+        print(f"\n## 2. Verification steps (median of {args.steps}, the {2 * len(labelled)} targets alternating)\n")
+        targets = {f"{k}, {mode}": (rt.target if mode == "eager" else rt.compiled)
+                   for k, rt in labelled.items() for mode in ("eager", "compiled")}
+        vocab = int(runtimes["shipped"].loaded.model.config.vocab_size)
+        print("\n".join(steps(targets, [n or 800 for n in lengths], args.steps, vocab, list(labelled))), flush=True)
     if "decode" in parts:
-        decode(rt, rt_dnn, compiled, lengths, args.prompts, args.max_new_tokens, args.dtype)
+        decode(labelled, lengths, args.prompts, args.max_new_tokens)
 
 
-def decode(
-    rt: Any, rt_dnn: Any, compiled: dict[str, CompiledTarget], lengths: list[int], n_prompts: int, n: int, dtype: str
-) -> None:
-    """Part 3: whole requests per kernel, eager and compiled, plain and prompt lookup."""
-    tok = rt.loaded.tokenizer
-    eos = list(rt.eos_token_ids)
+def decode(runtimes: dict[str, Any], lengths: list[int], n_prompts: int, n: int) -> None:
+    """Part 3: whole requests per kernel (``runtimes``, the shipped one first), eager and
+    compiled, plain and prompt lookup."""
+    first = next(iter(runtimes.values()))
+    tok = first.loaded.tokenizer
+    eos = list(first.eos_token_ids)
     dom = load_domain(OmegaConf.load(config_dir() / "domain" / "summarization.yaml"))
     cal = [format_prompt(tok, ex, dom.config.system_prompt) for ex in dom.split("calibration")]
     pld_cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "drafter" / "pld.yaml"), {"num_tokens": "auto"})
-    eager = {"rows": rt.target, "other": rt_dnn.target}
-    loaded = {"rows": rt.loaded, "other": rt_dnn.loaded}
-    other = OTHER[dtype]
+    kinds = list(runtimes)
+    mine, others = kinds[0], kinds[1:]
     arms: dict[tuple[str, str], tuple[TargetModel, Any]] = {}
-    for k in KERNELS:
-        arms[(k, "plain")] = (eager[k], None)
-        arms[(k, "prompt lookup, auto")] = (eager[k], build_drafter(pld_cfg, eager[k], loaded[k]))
-        arms[(k, "plain, compiled")] = (compiled[k], None)
-        arms[(k, "prompt lookup, auto, compiled")] = (compiled[k], build_drafter(pld_cfg, compiled[k], loaded[k]))
+    for k, rt in runtimes.items():
+        arms[(k, "plain")] = (rt.target, None)
+        arms[(k, "prompt lookup, auto")] = (rt.target, build_drafter(pld_cfg, rt.target, rt.loaded))
+        arms[(k, "plain, compiled")] = (rt.compiled, None)
+        arms[(k, "prompt lookup, auto, compiled")] = (rt.compiled, build_drafter(pld_cfg, rt.compiled, rt.loaded))
     failures: list[str] = []
     for length in lengths:
         prompts = [_at_length(cal[i % len(cal)], length, cal[-1]) for i in range(n_prompts)]
@@ -238,25 +259,26 @@ def decode(
                 accepted[a].append(res.stats.accept_length)
             for a in arms:
                 plain = out[(a[0], "plain")]
-                v = check_lossless(eager[a[0]], ids, plain, out[a]).verdict
+                v = check_lossless(runtimes[a[0]].target, ids, plain, out[a]).verdict
                 verdicts[a].append(v)
                 if v == "diverged":
                     failures.append(f"{a[0]} {a[1]}, length {length}, prompt {i}: {v} against plain decoding")
         print(f"\n## 3. Decoding: prompts of {length or 'the domain’s own length'} tokens, {n_prompts} prompts x {n} "
-              f"new tokens, {dtype}\n")
-        print(f"| method | {other} tok/s | rows tok/s | rows / {other} | accepted ({other}, rows) | rows vs plain "
-              f"| {other} vs plain |")
-        print("|---|---:|---:|---:|---|---|---|")
+              f"new tokens\n")
+        print("| method | " + " | ".join(f"{k} tok/s" for k in kinds) + " | "
+              + " | ".join(f"{mine} / {o}" for o in others) + f" | accepted ({', '.join(kinds)}) | "
+              + " | ".join(f"{k} vs plain" for k in kinds) + " |")
+        print("|---|" + "---:|" * (2 * len(kinds) - 1) + "---|" * (1 + len(kinds)))
+
+        def tally(vs: list[str]) -> str:
+            return ", ".join(f"{vs.count(v)} {v}" for v in dict.fromkeys(vs))
+
         for m in dict.fromkeys(a[1] for a in arms):
-            r, d = rate[("rows", m)], rate[("other", m)]
-            ratio = statistics.median(x / y for x, y in zip(r, d))
-            acc = f"{statistics.median(accepted[('other', m)]):.2f}, {statistics.median(accepted[('rows', m)]):.2f}"
-
-            def tally(vs: list[str]) -> str:
-                return ", ".join(f"{vs.count(v)} {v}" for v in dict.fromkeys(vs))
-
-            print(f"| {m} | {statistics.median(d):.2f} | {statistics.median(r):.2f} | {ratio:.2f}x | {acc} "
-                  f"| {tally(verdicts[('rows', m)])} | {tally(verdicts[('other', m)])} |", flush=True)
+            ratios = [statistics.median(x / y for x, y in zip(rate[(mine, m)], rate[(o, m)])) for o in others]
+            acc = ", ".join(f"{statistics.median(accepted[(k, m)]):.2f}" for k in kinds)
+            print(f"| {m} | " + " | ".join(f"{statistics.median(rate[(k, m)]):.2f}" for k in kinds) + " | "
+                  + " | ".join(f"{r:.2f}x" for r in ratios) + f" | {acc} | "
+                  + " | ".join(tally(verdicts[(k, m)]) for k in kinds) + " |", flush=True)
     for f in failures:
         print(f"FAIL: {f}")
     if failures:

@@ -12,10 +12,12 @@ from test_linear import verify_and_decode  # tests/decoding: the packed-vs-F.lin
 
 from tss_opt.config.model import TinyConfig
 from tss_opt.decoding import linear
+from tss_opt.decoding.cache import crop_to
 from tss_opt.decoding.compiled import CompiledTarget
 from tss_opt.decoding.kernels import rows
 from tss_opt.decoding.sizing import hardware_key
 from tss_opt.decoding.target import TargetModel
+from tss_opt.decoding.tree import DraftTree
 from tss_opt.models.tiny import build_tiny_model
 
 needs_kernel = pytest.mark.skipif(
@@ -81,9 +83,15 @@ def test_the_kernel_computes_f_linear(rows_n):
 
 @needs_kernel
 def test_one_row_equals_onednns_one_row_product_bit_for_bit():
+    """Where oneDNN computes with AVX-512 BF16 (the EPYCs) its one-row product sums as the
+    kernel does; on AMX tiles it sums in another order, so there within the last place."""
     w, x = bf16(1536, 576, seed=4), bf16(1, 576, seed=5)
     onednn = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 1), None, "none", [], "")
-    assert torch.equal(rows.rows_linear(x, rows.pack(w)), onednn)
+    ours = rows.rows_linear(x, rows.pack(w))
+    if linear.AMX_FLAG in rows.cpu_flags():
+        assert torch.allclose(ours.double(), onednn.double(), rtol=2**-7, atol=1e-3)
+    else:
+        assert torch.equal(ours, onednn)
 
 
 @needs_kernel
@@ -104,6 +112,7 @@ def tiny() -> torch.nn.Module:
 
 @needs_kernel
 def test_on_one_thread_the_target_packs_for_the_rows_kernel_and_decodes_as_f_linear(monkeypatch, caplog):
+    monkeypatch.setenv("TSS_AMX_ROWS", "0")  # the rows kernel alone, AMX or not (the AMX tests below)
     with caplog.at_level(logging.INFO, logger="tss_opt.decoding.linear"):
         target = TargetModel(tiny())
     assert linear.packed_kernel(target.model) == "rows"
@@ -135,3 +144,90 @@ def test_nothing_packed_has_no_kernel():
     model = build_tiny_model(TinyConfig(), num_layers=2, seed=0, dtype=torch.float64)
     linear.pack_linears(model)
     assert linear.packed_kernel(model) is None
+
+
+def test_oneDNNs_amx_product_is_chosen_by_the_cpu_flag_and_the_switch(monkeypatch):
+    monkeypatch.setattr(linear, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert linear.amx_reason() == "the CPU lacks amx_bf16"
+    monkeypatch.setattr(linear, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
+    assert linear.amx_reason() is None
+    monkeypatch.setenv("TSS_AMX_ROWS", "0")
+    assert linear.amx_reason() == "TSS_AMX_ROWS=0"
+
+
+@pytest.fixture
+def amx(monkeypatch) -> None:
+    """A CPU with AMX as pack_linears sees it (the choice is tested on any CPU whose oneDNN
+    computes bfloat16; AMX only makes oneDNN's wide products fast)."""
+    monkeypatch.delenv("TSS_AMX_ROWS", raising=False)
+    monkeypatch.setattr(linear, "cpu_flags", lambda: rows.cpu_flags() | {"amx_bf16", "amx_tile"})
+
+
+def _chain(n: int) -> DraftTree:
+    return DraftTree(tokens=torch.arange(3, 3 + n), parents=tuple(range(-1, n - 1)))
+
+
+@needs_kernel
+def test_where_onednn_has_amx_products_of_seven_rows_or_more_take_its_copy(amx, monkeypatch, caplog):
+    """Our kernel up to AMX_FROM_ROWS - 1 rows, oneDNN's prepacked product (AMX) from there up
+    to PACK_MAX_ROWS, F.linear beyond: the values of each (bit for bit), and a key of its own."""
+    with caplog.at_level(logging.INFO, logger="tss_opt.decoding.linear"):
+        target = TargetModel(tiny())
+    assert linear.packed_kernel(target.model) == "rows+amx"
+    assert f"oneDNN's AMX product from {linear.AMX_FROM_ROWS} rows" in caplog.text
+    assert hardware_key(target)["model"].endswith(" rows+amx")
+    assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+amx+graph")
+    layer = target.model.model.layers[0].mlp.up_proj
+    x = bf16(2 * linear.PACK_MAX_ROWS, layer.in_features, seed=8)
+    onednn = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 1)
+    taken: list[int] = []
+    real = rows.rows_linear
+    monkeypatch.setattr(rows, "rows_linear", lambda x, p, b=None: taken.append(x.shape[0]) or real(x, p, b))
+    with linear.packed_linears(), torch.no_grad():  # as our steps run (a forward that trains keeps F.linear)
+        for n in (1, linear.AMX_FROM_ROWS - 1, linear.AMX_FROM_ROWS, linear.PACK_MAX_ROWS, linear.PACK_MAX_ROWS + 1):
+            got = layer(x[:n])
+            if n < linear.AMX_FROM_ROWS:
+                assert torch.equal(got, real(x[:n], rows.pack(layer.weight)))
+            elif n <= linear.PACK_MAX_ROWS:
+                assert torch.equal(got, torch.ops.mkldnn._linear_pointwise(x[:n], onednn, layer.bias, "none", [], ""))
+            else:
+                assert torch.equal(got, F.linear(x[:n], layer.weight, layer.bias))
+    assert taken == [1, linear.AMX_FROM_ROWS - 1]
+    # A whole target: tokens as with F.linear, and a verification of 8 slots within rounding.
+    packed = verify_and_decode(target)
+    cache = target.new_cache()
+    prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
+    target.prefill(prompt, cache)
+    wide, _ = target.verify_forward(4, _chain(7), cache, len(prompt))
+    monkeypatch.setattr(linear, "PACK_MAX_ROWS", 0)  # F.linear everywhere
+    plain = verify_and_decode(target)
+    crop_to(cache, len(prompt))
+    wide_plain, _ = target.verify_forward(4, _chain(7), cache, len(prompt))
+    assert packed[1] == plain[1]
+    assert torch.allclose(wide.float(), wide_plain.float(), rtol=2**-6, atol=0.05)
+
+
+@needs_kernel
+def test_inside_a_compiled_graph_a_step_of_eight_slots_takes_onednns_copy(amx, monkeypatch):
+    """The row count is static in a graph: a bucket of 8 slots calls the operator on oneDNN's
+    copy, one of 4 on the rows kernel's layout, and a plain step neither (inductor's one row)."""
+    target = CompiledTarget(TargetModel(tiny()).model)
+    layouts: list[str] = []
+    real = linear._packed_product
+    monkeypatch.setattr(linear, "_packed_product",
+                        lambda x, p, b: layouts.append("rows" if p.dim() == 4 else "onednn") or real(x, p, b))
+    prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
+    cache = target.new_cache()
+    target.prefill(prompt, cache)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in target.model.modules())
+    seen = {}
+    for drafted in (6, 3, 0):  # 7 slots (bucket 8), 4 (bucket 4), a plain step
+        layouts.clear()
+        crop_to(cache, len(prompt))
+        target.verify_forward(4, _chain(drafted) if drafted else DraftTree.empty(), cache, len(prompt))
+        seen[drafted] = list(layouts)
+    # Every decoder layer's products in the graph, then the head, eagerly (the tiny model's
+    # vocabulary is no multiple of 16: oneDNN's copy alone, whatever the rows).
+    assert seen[6] == ["onednn"] * linears
+    assert seen[3] == ["rows"] * (linears - 1) + ["onednn"]
+    assert seen[0] == []  # a plain step: inductor's one-row products, the head in its graph too

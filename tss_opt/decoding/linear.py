@@ -18,8 +18,10 @@ Two kernels hold the packed bfloat16 weights: our **rows kernel** (``kernels/row
 built from C at first use, one thread; each weight read once for all of a step's rows, the
 values of oneDNN's one-row product, row-invariant) where it runs and the target computes on one
 thread, and **oneDNN**'s prepacked product elsewhere (more threads, or a CPU or machine without
-what the kernel needs). :func:`pack_linears` decides once per model and says which (INFO);
-:func:`packed_kernel` tells. What follows was measured with oneDNN and holds for both: the
+what the kernel needs). Where oneDNN computes on **AMX** tiles (``amx_bf16``), a layer holds
+both: the rows kernel for up to :data:`AMX_FROM_ROWS` - 1 rows, oneDNN's AMX product from
+:data:`AMX_FROM_ROWS` rows (below). :func:`pack_linears` decides once per model and says which
+(INFO); :func:`packed_kernel` tells. What follows was measured with oneDNN and holds for both: the
 products take the packed weight for a step's few rows and ``F.linear`` otherwise.
 
 ``F.linear`` in bfloat16 on a CPU reaches oneDNN's matmul, which reorders the weight into its
@@ -53,6 +55,19 @@ there, one thread, SmolLM2-135M in bfloat16, compiled steps after 64 / 800 cache
 ``aten::mm`` against packed: 2 slots 54 / 61 ms against 45 / 54 ms, 16 slots 59 / 74 ms against
 51 / 68 ms; the logits of a 16-slot step bit-identical. Decoding: docs/results/README.md
 ("Half precision, round 3").
+
+**AMX** (since 2026-12-07). On an Intel Xeon with ``amx_bf16`` (one thread,
+``benchmarks/rows_kernel.py --parts products``: all 211 products of SmolLM2) our rows kernel
+beats oneDNN's prepacked product for 1-6 rows (1.25x at one row, 1.08x at six) and loses from
+seven (0.82x at 7, 0.74x at 8, 0.53x at 16): past 6 rows the kernel runs a second chunk of
+rows (``rows_bf16.c``) and its cost steps up, while oneDNN's AMX tiles take 16 rows for about
+the price of one. So on such a CPU :func:`pack_linears` keeps oneDNN's copy too (a third copy of the
+weights, counted against :data:`MEMORY_SHARE`) and a product of :data:`AMX_FROM_ROWS` rows or
+more takes it, in eager steps and in the compiled graphs alike (the row count is static there).
+The price: rows of such a product are no longer row-invariant (oneDNN's blocking changes with
+the row count), so a token verified among 7-16 rows may round differently from the same token
+alone, as before the rows kernel; ``TSS_AMX_ROWS=0`` keeps the rows kernel for every row count
+(row-invariant, slower to verify). On CPUs without AMX (the EPYCs) nothing changes.
 """
 
 from __future__ import annotations
@@ -69,12 +84,15 @@ import torch
 import torch.nn.functional as F
 
 from tss_opt.decoding.kernels import rows, rows_f32
+from tss_opt.models.precision import cpu_flags
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "AMX_FROM_ROWS",
     "GRAPH_MIN_ROWS",
     "PACK_MAX_ROWS",
+    "amx_reason",
     "is_packed",
     "pack_linears",
     "packed_kernel",
@@ -91,12 +109,21 @@ GRAPH_MIN_ROWS = 2
 """Inside a compiled graph, rows from which a layer uses its prepacked weight (one row is
 inductor's fused reduction, module docstring)."""
 
+AMX_FROM_ROWS = 7
+"""Where oneDNN has AMX, products of this many rows or more (up to :data:`PACK_MAX_ROWS`) take
+oneDNN's prepacked weight rather than our rows kernel (module docstring: the kernel measured
+faster up to 6 rows, slower from 7)."""
+
+AMX_FLAG = "amx_bf16"
+"""The ``/proc/cpuinfo`` flag of the AMX tiles oneDNN's bfloat16 products use."""
+
 MEMORY_SHARE = 0.25
 """The packed copies may take at most this share of the memory available when packing; a
 larger model keeps ``F.linear`` (and says so once) rather than risk the machine's memory."""
 
 _ACTIVE: ContextVar[bool] = ContextVar("tss_packed_linears", default=False)
 _PACKED = "_tss_packed_weight"
+_WIDE = "_tss_packed_wide"  # oneDNN's copy beside the rows kernel's, for AMX_FROM_ROWS rows or more
 
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -161,10 +188,18 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():  # before the context variable, which dynamo must not trace
         # Shapes are static in our graphs (``dynamic=False``): the row count is a constant.
         if _fits(self, x, packed) and x.numel() >= GRAPH_MIN_ROWS * self.in_features:
-            return packed_linear(x, packed, self.bias)
+            return packed_linear(x, _for_rows(self, x, packed), self.bias)
     elif _ACTIVE.get() and _fits(self, x, packed):  # the context first: F.linear's callers pay nothing
-        return _packed_product(x, packed, self.bias)
+        return _packed_product(x, _for_rows(self, x, packed), self.bias)
     return F.linear(x, self.weight, self.bias)
+
+
+def _for_rows(layer: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """The packed weight for ``x``'s rows: oneDNN's copy from :data:`AMX_FROM_ROWS` rows where
+    the layer holds one (AMX, module docstring), else ``packed``. Looked up only on the packed
+    paths, so a graph of one row never reads it."""
+    wide = getattr(layer, _WIDE, None)
+    return wide if wide is not None and x.numel() >= AMX_FROM_ROWS * layer.in_features else packed
 
 
 def _fits(layer: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor) -> bool:
@@ -183,6 +218,16 @@ def _available_bytes() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def amx_reason() -> str | None:
+    """Why products of :data:`AMX_FROM_ROWS` rows or more stay with our rows kernel here
+    (``TSS_AMX_ROWS=0``, no AMX), or ``None`` where oneDNN's AMX product takes them."""
+    if os.environ.get("TSS_AMX_ROWS", "1") == "0":
+        return "TSS_AMX_ROWS=0"
+    if AMX_FLAG not in cpu_flags():
+        return f"the CPU lacks {AMX_FLAG}"
+    return None
 
 
 @torch.no_grad()
@@ -212,15 +257,26 @@ def pack_linears(model: Any) -> int:
     # thread or faster, and oneDNN scales further): the same values, each weight read once
     # (kernels/rows.py). Decided once, here.
     use_rows = torch.get_num_threads() == 1 and rows.available()
+    # Where oneDNN has AMX, its copy beside ours for the wider products (module docstring), if
+    # a second copy fits too.
+    amx = amx_reason() if use_rows else "one thread and our rows kernel needed"
+    if amx is None and avail and 2 * need > MEMORY_SHARE * avail:
+        amx = f"a second packed copy ({need / 1e6:.0f} MB) would not fit in {100 * MEMORY_SHARE:.0f} % of the available memory"
     kernels = {"rows": 0, "oneDNN": 0}
     for m in todo:
         mine = use_rows and rows.fits(m.weight)
         # A plain attribute, not a buffer: state_dict, save_pretrained and exports never see it.
         setattr(m, _PACKED, rows.pack(m.weight) if mine else torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1))
+        if mine and amx is None:
+            setattr(m, _WIDE, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1))
         m.forward = types.MethodType(_forward, m)
         kernels["rows" if mine else "oneDNN"] += 1
-    log.info("bfloat16 step products prepacked (%.0f MB): %s", need / 1e6,
-             ", ".join(f"{n} layers for {k}" for k, n in kernels.items() if n))
+    wide = f"; oneDNN's AMX product from {AMX_FROM_ROWS} rows" if kernels["rows"] and amx is None else ""
+    log.info("bfloat16 step products prepacked (%.0f MB): %s%s", need / 1e6,
+             ", ".join(f"{n} layers for {k}" for k, n in kernels.items() if n), wide)
+    if kernels["rows"] and amx is not None and AMX_FLAG in cpu_flags():
+        log.info("bfloat16 products of %d-%d rows through our rows kernel, not oneDNN's AMX product: %s",
+                 AMX_FROM_ROWS, PACK_MAX_ROWS, amx)
     return done + len(todo)
 
 
@@ -240,13 +296,17 @@ def _take_float32(linears: list[torch.nn.Linear]) -> int:
 
 def packed_kernel(model: Any) -> str | None:
     """``"rows"`` where any linear layer of ``model`` runs one of our rows kernels (bfloat16 or
-    float32), ``"onednn"`` where they are packed for oneDNN only, ``None`` where none is packed
-    (latency tables are keyed by it, decoding/sizing/latency.py: the kernels cost differently)."""
+    float32), ``"rows+amx"`` where its wider products take oneDNN's AMX product (module
+    docstring), ``"onednn"`` where they are packed for oneDNN only, ``None`` where none is
+    packed (latency tables are keyed by it, decoding/sizing/latency.py: the kernels cost
+    differently)."""
     # The bfloat16 rows kernel's layout is a dense 4-D tensor; oneDNN's is its opaque 2-D one;
     # the float32 rows kernel reads the layer's own float32 weight.
     held = [getattr(m, _PACKED) for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, _PACKED)]
     if not held:
         return None
+    if any(isinstance(m, torch.nn.Linear) and hasattr(m, _WIDE) for m in model.modules()):
+        return "rows+amx"
     return "rows" if any(p.dim() == 4 or p.dtype == torch.float32 for p in held) else "onednn"
 
 

@@ -16,7 +16,10 @@ no compiler is found, or the build fails, :func:`library` returns ``None`` and s
 The product is **row-invariant**: each output element is one float32 accumulator over the
 input's pairs in order, whatever the row count, so a token verified among 16 rows gets the same
 bits as alone (oneDNN's products change their blocking with the row count: 13 rows differed
-from 1 row in the last place, same script). Its values equal oneDNN's one-row product's.
+from 1 row in the last place, same script). Its values equal oneDNN's one-row product's where
+oneDNN computes with AVX-512 BF16 (the EPYCs); on AMX tiles oneDNN sums in another order, within
+the last place (an Intel Xeon with ``amx_bf16``, 2026-12-07). On such a CPU oneDNN's AMX product
+is faster from 7 rows, and ``decoding/linear.py`` gives it those products.
 """
 
 from __future__ import annotations

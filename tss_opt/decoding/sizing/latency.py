@@ -158,8 +158,11 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
         # graphs' earlier aten::mm products ("compiled packed") must not size it. Our rows
         # kernel (since 2026-12-06, decoding/kernels/rows.py) prices verification lower than
         # oneDNN's products: " rows", never sized by a oneDNN table nor the reverse. So does our
-        # float32 rows kernel (decoding/kernels/rows_f32.py) against MKL's float32 tables.
-        kind = "rows" if packed_kernel(target.model) == "rows" else "packed"
+        # float32 rows kernel (decoding/kernels/rows_f32.py) against MKL's float32 tables. Where
+        # oneDNN's AMX product takes the wider products (since 2026-12-07), " rows+amx": its
+        # verification of 7-16 rows costs far less than the rows kernel's alone.
+        kernel = packed_kernel(target.model)
+        kind = kernel if kernel in ("rows", "rows+amx") else "packed"
         name += f" {kind}+graph" if target.compiled else f" {kind}"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
