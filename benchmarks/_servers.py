@@ -48,7 +48,7 @@ class ServerSpec:
     """How to start one server.
 
     Attributes:
-        name: ``ours``, ``ours-auto``, ``ours-nokernels``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
+        name: ``ours``, ``ours-auto``, ``ours-auto-noamx``, ``ours-nokernels``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
             column).
         port: The loopback port it listens on.
         argv: The command line, the interpreter first.
