@@ -30,6 +30,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rows_kernel import prefilled  # noqa: E402  (benchmarks/, the script's folder)
+
 from tss_opt.assembly import compose_config, model_settings  # noqa: E402
 from tss_opt.decoding.cache import crop_to  # noqa: E402
 from tss_opt.decoding.compiled import CompiledTarget  # noqa: E402
@@ -63,11 +65,7 @@ def compare(dtype: str, lengths: list[int], n_steps: int) -> list[str]:
     vocab = int(loaded.config.vocab_size)
     lines = []
     for length in lengths:
-        prompt = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
-        caches = {}
-        for name, t in targets.items():
-            caches[name] = t.new_cache()
-            t.prefill(prompt, caches[name])
+        prompt, caches = prefilled(targets, length, vocab)
         arms = [*targets, "loaded, sum", "fresh, sum"]
         times: dict[str, list[float]] = {a: [] for a in arms}
         logits: dict[str, torch.Tensor] = {}

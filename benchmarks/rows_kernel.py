@@ -121,6 +121,17 @@ def _chain(n: int) -> DraftTree:
     return DraftTree(tokens=torch.arange(3, 3 + n), parents=tuple(range(-1, n - 1))) if n else DraftTree.empty()
 
 
+def prefilled(targets: dict[str, TargetModel], length: int, vocab: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A random prompt of ``length`` tokens (seeded by the length: every target and run sees
+    the same one) prefilled into a new cache of each target; returns the prompt and the caches."""
+    prompt = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
+    caches = {}
+    for name, t in targets.items():
+        caches[name] = t.new_cache()
+        t.prefill(prompt, caches[name])
+    return prompt, caches
+
+
 @torch.inference_mode()
 def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, vocab: int, kinds: list[str]) -> list[str]:
     """Part 2: verification steps of each slot count, per target (``"<kind>, eager"`` and
@@ -130,11 +141,7 @@ def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, voc
              + " | ".join(f"{o} / {mine}, {mode}" for o in others for mode in ("eager", "compiled")) + " |",
              "|---:|---:|" + "---:|" * (len(targets) + 2 * len(others))]
     for length in lengths:
-        prompt = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
-        caches = {}
-        for name, t in targets.items():
-            caches[name] = t.new_cache()
-            t.prefill(prompt, caches[name])
+        prompt, caches = prefilled(targets, length, vocab)
         for slots in ROW_COUNTS:
             tree = _chain(slots - 1)
             times: dict[str, list[float]] = {n: [] for n in targets}
