@@ -48,8 +48,9 @@ class ServerSpec:
     """How to start one server.
 
     Attributes:
-        name: ``ours``, ``ours-auto``, ``ours-auto-noamx``, ``ours-nokernels``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's server
-            column).
+        name: ``ours``, ``ours-auto``, ``ours-auto-noamx``, ``ours-nokernels``, ``ours-nostream``,
+            ``ours-auto-nostream``, ``peer``, ``tssvllm``, ``vllm`` or ``vllm-eager`` (the table's
+            server column).
         port: The loopback port it listens on.
         argv: The command line, the interpreter first.
         env: Variables set on top of this process's environment (``None``: removed from it).

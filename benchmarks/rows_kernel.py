@@ -8,18 +8,21 @@
 On the embedded model, one thread: in bfloat16 our bfloat16 rows kernel
 (``tss_opt/decoding/kernels/rows.py``) against oneDNN's prepacked products; in float32
 (``--dtype float32``) our float32 rows kernel (``kernels/rows_f32.py``) against ``F.linear``
-(MKL). Below, "the other" is oneDNN or ``F.linear``. Three parts:
+(MKL). Below, "the other" is oneDNN or ``F.linear``. Our kernel also runs as it read the weights
+before 2026-12-07 (``TSS_ROWS_STREAM=0``, ``rows.STREAM``: no single stream for few rows, no
+prefetch for many; the same bits), as its own arm beside the shipped schedule. Three parts:
 
 1. ``products``: every linear layer of the model (SmolLM2: 210 decoder products and the output
-   head) on 1, 2, 4, 8 and 16 rows through our kernel, oneDNN's prepacked product (bfloat16) and
-   ``F.linear``, rounds interleaved, beside a plain sum of the same weights (the bandwidth
-   limit, timed in the same rounds). Columns: median ms, GB/s of weights streamed, ratios.
-2. ``steps``: verification steps of 1, 2, 4, 8 and 16 slots (a chain of 0-15 drafted tokens)
-   after ``--lengths`` cached tokens, eager and compiled, on two copies of the model, one for
-   each kernel; steps alternate, median of ``--steps``.
+   head) on 1, 2, 4, 8, 11 and 16 rows through our kernel (both schedules), oneDNN's prepacked
+   product (bfloat16) and ``F.linear``, rounds interleaved, beside a plain sum of the same
+   weights (the bandwidth limit, timed in the same rounds). Columns: median ms, GB/s of weights streamed, ratios.
+2. ``steps``: verification steps of 1, 2, 4, 8, 11 and 16 slots (a chain of 0-15 drafted
+   tokens) after ``--lengths`` cached tokens, eager and compiled, on a copy of the model per
+   kernel (the earlier schedule runs the shipped copy); the targets take turns in a new order
+   every round, median of ``--steps``.
 3. ``decode``: plain greedy decoding and prompt lookup (``num_tokens: auto``, sized per request
    from each target's own latency table), eager and compiled, per kernel, on summarization
-   calibration prompts at each length, the order of the arms rotating per prompt. Columns:
+   calibration prompts at each length, the arms in a new order per prompt. Columns:
    decode tokens/s (median over prompts), the rows/other ratio (median of per-prompt ratios),
    accepted tokens per step, and the lossless verdict of every arm against the same kernel's
    plain eager decoding (``decoding/lossless.py``: identical, or a near-tie; a divergence
@@ -33,10 +36,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +67,24 @@ from tss_opt.decoding.target import TargetModel  # noqa: E402
 from tss_opt.decoding.tree import DraftTree  # noqa: E402
 from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
 
-ROW_COUNTS = (1, 2, 4, 8, 16)
+ROW_COUNTS = (1, 2, 4, 8, 11, 16)
+"""11: prompt lookup's fixed chain of 10 and its root."""
+EARLIER = "earlier schedule"
+"""The suffix of the arms that run our kernel with ``rows.STREAM`` off (``TSS_ROWS_STREAM=0``)."""
 OTHER = {"bfloat16": "oneDNN", "float32": "F.linear"}
 """What our kernel is measured against, per precision."""
+
+
+@contextmanager
+def schedule(label: str) -> Iterator[None]:
+    """``rows.STREAM`` off inside for an arm labelled with :data:`EARLIER`, on otherwise (read
+    by our kernels at every call, compiled graphs included)."""
+    saved = rows.STREAM
+    rows.STREAM = not label.endswith(EARLIER)
+    try:
+        yield
+    finally:
+        rows.STREAM = saved
 
 
 def _time_into(fn: Callable[[], Any], out: list[float]) -> None:
@@ -89,8 +109,9 @@ def products(model: Any, rounds: int, dtype: str) -> list[str]:
         mine = rows.rows_linear
         onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
     n_bytes = sum(w.numel() * w.element_size() for w in weights)
-    names = ["sum", "rows", *(["onednn"] if onednn else []), "f.linear"]
-    heads = {"sum": "sum of the weights", "rows": "rows kernel", "onednn": "oneDNN prepacked", "f.linear": "F.linear"}
+    names = ["sum", "rows", f"rows, {EARLIER}", *(["onednn"] if onednn else []), "f.linear"]
+    heads = {"sum": "sum of the weights", "rows": "rows kernel", f"rows, {EARLIER}": f"rows kernel, {EARLIER}",
+             "onednn": "oneDNN prepacked", "f.linear": "F.linear"}
     lines = [f"{len(weights)} linear weights, {n_bytes / 1e6:.0f} MB, {dtype}; median of {rounds} interleaved rounds", "",
              "| rows | " + " | ".join(f"{heads[a]} ms" for a in names) + " | rows GB/s | "
              + " | ".join(f"{heads[a]} / rows" for a in names[2:]) + " | rows / sum |",
@@ -101,6 +122,7 @@ def products(model: Any, rounds: int, dtype: str) -> list[str]:
         arms: dict[str, Callable[[], Any]] = {
             "sum": lambda: [w.sum() for w in weights],
             "rows": lambda xs=xs: [mine(xs[w.shape[1]], p) for w, p in zip(weights, ours)],
+            f"rows, {EARLIER}": lambda xs=xs: _earlier(lambda: [mine(xs[w.shape[1]], p) for w, p in zip(weights, ours)]),
             "onednn": lambda xs=xs: [torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], p, None, "none", [], "")
                                for w, p in zip(weights, onednn)],
             "f.linear": lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in weights],
@@ -115,6 +137,11 @@ def products(model: Any, rounds: int, dtype: str) -> list[str]:
                      + f" | {n_bytes / med['rows'] / 1e9:.1f} | "
                      + " | ".join(f"{med[a] / med['rows']:.2f}x" for a in names[2:]) + f" | {med['rows'] / med['sum']:.2f}x |")
     return lines
+
+
+def _earlier(fn: Callable[[], Any]) -> Any:
+    with schedule(EARLIER):
+        return fn()
 
 
 def _chain(n: int) -> DraftTree:
@@ -146,12 +173,16 @@ def steps(targets: dict[str, TargetModel], lengths: list[int], n_steps: int, voc
             tree = _chain(slots - 1)
             times: dict[str, list[float]] = {n: [] for n in targets}
             for i in range(n_steps + 2):  # two warm-up steps
+                # A new order every round: a rotation kept each target behind the same one, and
+                # two targets running the same graph (a plain compiled step) then differed by 7-12 %.
                 names = list(targets)
-                for name in names[i % len(names):] + names[: i % len(names)]:
-                    t0 = time.perf_counter()
-                    targets[name].verify_forward(int(prompt[i % length]), tree, caches[name], length)
-                    if i >= 2:
-                        times[name].append(time.perf_counter() - t0)
+                random.Random(i).shuffle(names)
+                for name in names:
+                    with schedule(name.rsplit(", ", 1)[0]):
+                        t0 = time.perf_counter()
+                        targets[name].verify_forward(int(prompt[i % length]), tree, caches[name], length)
+                        if i >= 2:
+                            times[name].append(time.perf_counter() - t0)
                     crop_to(caches[name], length)
             med = {n: statistics.median(v) for n, v in times.items()}
             lines.append(f"| {length} | {slots} | " + " | ".join(f"{v * 1e3:.1f}" for v in med.values()) + " | "
@@ -213,6 +244,10 @@ def main() -> None:
     assert kinds["other"] == ("onednn" if args.dtype == "bfloat16" else None), kinds
     names = {"shipped": kinds["shipped"], "rows only": "rows", "other": other}
     labelled = {names[k]: rt for k, rt in runtimes.items()}
+    # The shipped target again, its kernel reading the weights as before 2026-12-07 (the same
+    # packed weights and graphs: rows.STREAM is read at every call), just before the other.
+    labelled = {**{k: v for k, v in labelled.items() if k != other}, f"{kinds['shipped']}, {EARLIER}": runtimes["shipped"],
+                other: runtimes["other"]}
     print(f"# rows_kernel: SmolLM2-135M {args.dtype}, our kernel ({' and '.join(list(labelled)[:-1])}) against {other}, "
           f"1 thread, torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -242,10 +277,11 @@ def decode(runtimes: dict[str, Any], lengths: list[int], n_prompts: int, n: int)
     mine, others = kinds[0], kinds[1:]
     arms: dict[tuple[str, str], tuple[TargetModel, Any]] = {}
     for k, rt in runtimes.items():
-        arms[(k, "plain")] = (rt.target, None)
-        arms[(k, "prompt lookup, auto")] = (rt.target, build_drafter(pld_cfg, rt.target, rt.loaded))
-        arms[(k, "plain, compiled")] = (rt.compiled, None)
-        arms[(k, "prompt lookup, auto, compiled")] = (rt.compiled, build_drafter(pld_cfg, rt.compiled, rt.loaded))
+        with schedule(k):  # sized from the latency tables of the schedule the arm runs
+            arms[(k, "plain")] = (rt.target, None)
+            arms[(k, "prompt lookup, auto")] = (rt.target, build_drafter(pld_cfg, rt.target, rt.loaded))
+            arms[(k, "plain, compiled")] = (rt.compiled, None)
+            arms[(k, "prompt lookup, auto, compiled")] = (rt.compiled, build_drafter(pld_cfg, rt.compiled, rt.loaded))
     failures: list[str] = []
     for length in lengths:
         prompts = [_at_length(cal[i % len(cal)], length, cal[-1]) for i in range(n_prompts)]
@@ -256,11 +292,13 @@ def decode(runtimes: dict[str, Any], lengths: list[int], n_prompts: int, n: int)
         accepted: dict[tuple[str, str], list[float]] = {a: [] for a in arms}
         verdicts: dict[tuple[str, str], list[str]] = {a: [] for a in arms}
         for i, ids in enumerate(prompts):
-            order = list(arms)[i % len(arms):] + list(arms)[: i % len(arms)]
+            order = list(arms)
+            random.Random(i).shuffle(order)  # not a rotation: each arm behind another one every prompt
             out: dict[tuple[str, str], list[int]] = {}
             for a in order:
                 target, drafter = arms[a]
-                res = SpeculativeEngine(target, drafter, eos_token_ids=eos).generate(ids, max_new_tokens=n)
+                with schedule(a[0]):
+                    res = SpeculativeEngine(target, drafter, eos_token_ids=eos).generate(ids, max_new_tokens=n)
                 out[a] = res.tokens.tolist()
                 rate[a].append((len(res.tokens) - 1) / (res.stats.total_s - res.stats.prefill_s))
                 accepted[a].append(res.stats.accept_length)

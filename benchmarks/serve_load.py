@@ -27,6 +27,9 @@ The servers (``--servers``, in the order given; ``_servers.py`` builds their com
 - ``ours-auto-noamx``: ``ours-auto`` with ``TSS_AMX_ROWS=0``: on a CPU with AMX, our bfloat16
   rows kernel for every row count instead of oneDNN's AMX product for 7-16 rows
   (``decoding/linear.py``), beside ``ours-auto`` (``--threads 1``, as for ``ours-nokernels``).
+- ``ours-nostream``, ``ours-auto-nostream``: ``ours`` and ``ours-auto`` with ``TSS_ROWS_STREAM=0``:
+  our rows kernels reading the weights as before 2026-12-07 (the same bits, ``docs/engine.md``),
+  beside ``ours`` and ``ours-auto`` (``--threads 1``).
 - ``peer``: ``transformers serve DIR --continuous-batching --device cpu --dtype float32``; its
   own flags through ``--peer-arg=--cb-num-blocks=64``.
 - ``tssvllm``: ``python -m tss_opt.cli.serve backend=vllm mapping_path=<the mapping>``: vLLM's
@@ -68,7 +71,8 @@ layer ran dense, skipped or mixed, and tokens whose layer was skipped. Then rati
 targets: ours / peer per level (ours at the most clients >= 1x, goal 1.5x); each server at the
 most clients against itself at 1 (ours >= 2x); tssvllm / ours per level (>= 1.25x at 16 clients);
 tssvllm / vllm-eager per level (>= 1x on a one-domain load); tssvllm / vllm per level (goal >= 1x
-on the mixed load); ours-auto / ours, ours-auto / ours-auto-noamx and ours / ours-nokernels per level, with the line of
+on the mixed load); ours-auto / ours, ours-auto / ours-auto-noamx, ours / ours-nokernels, ours / ours-nostream and
+ours-auto / ours-auto-nostream per level, with the line of
 each of our servers' logs that says which step products its target took; the equal-solo count
 per server; and, for information, how many solo
 answers of ours equal the peer's and of tssvllm equal vllm-eager's (mapped domains run sparse,
@@ -114,15 +118,18 @@ TARGET_VS_PEER, GOAL_VS_PEER, TARGET_VS_ONE = 1.0, 1.5, 2.0  # ours, at the most
 # launch settings on a one-domain load (the skipped layers' saving); the goal: plain vLLM's
 # defaults on the mixed load.
 TARGET_VS_OURS, TARGET_VS_OURS_AT, TARGET_VS_EAGER, GOAL_VS_VLLM = 1.25, 16, 1.0, 1.0
-SERVERS = ("ours", "ours-auto", "ours-auto-noamx", "ours-nokernels", "peer", "tssvllm", "vllm", "vllm-eager")
+SERVERS = ("ours", "ours-auto", "ours-auto-noamx", "ours-nokernels", "ours-nostream", "ours-auto-nostream", "peer",
+           "tssvllm", "vllm", "vllm-eager")
 VLLM_SERVERS = ("tssvllm", "vllm", "vllm-eager")
-OURS = ("ours", "ours-auto", "ours-auto-noamx", "ours-nokernels")  # the native server, four ways
+OURS = ("ours", "ours-auto", "ours-auto-noamx", "ours-nokernels", "ours-nostream", "ours-auto-nostream")  # the native server
 LABELLED = (*OURS, "tssvllm")  # requests name their domain
 COUNTS_PATH = "/tss/layer_counts"
 NO_KERNELS = {"TSS_ROWS_KERNEL": "0", "TSS_ATTENTION_KERNEL": "0"}
 """ours-nokernels' environment: our CPU kernels off (decoding/kernels/)."""
 NO_AMX = {"TSS_AMX_ROWS": "0"}
 """ours-auto-noamx's environment: our rows kernel for every row count (decoding/linear.py)."""
+NO_STREAM = {"TSS_ROWS_STREAM": "0"}
+"""The -nostream servers' environment: our rows kernels read the weights as before 2026-12-07."""
 
 
 @dataclass(frozen=True)
@@ -542,6 +549,8 @@ def ratio_lines(
         lines += versus(results, load.name, "ours-auto", "ours")
         lines += versus(results, load.name, "ours", "ours-nokernels")
         lines += versus(results, load.name, "ours-auto", "ours-auto-noamx")
+        lines += versus(results, load.name, "ours", "ours-nostream")
+        lines += versus(results, load.name, "ours-auto", "ours-auto-nostream")
         lines += versus(results, load.name, "tssvllm", "ours",
                         TARGET_VS_OURS if multi else None, "target", TARGET_VS_OURS_AT)
         lines += versus(results, load.name, "tssvllm", "vllm-eager", TARGET_VS_EAGER if load.one_domain else None)
@@ -674,6 +683,14 @@ def main() -> None:
         "ours-nokernels": lambda port: _servers.ours_spec(
             port, mapping, cache_dir, args.max_tokens, threads, ours_extra, work / "ours-nokernels.log",
             name="ours-nokernels", env=NO_KERNELS,
+        ),
+        "ours-nostream": lambda port: _servers.ours_spec(
+            port, mapping, cache_dir, args.max_tokens, threads, ours_extra, work / "ours-nostream.log",
+            name="ours-nostream", env=NO_STREAM,
+        ),
+        "ours-auto-nostream": lambda port: _servers.ours_spec(
+            port, mapping, cache_dir, args.max_tokens, threads, [*ours_extra, "dtype=auto"],
+            work / "ours-auto-nostream.log", name="ours-auto-nostream", env=NO_STREAM,
         ),
         "peer": lambda port: _servers.peer_spec(port, checkpoint, threads, args.peer_arg, work / "peer.log"),
         "tssvllm": lambda port: _servers.tssvllm_spec(port, mapping, cache_dir, args.vllm_arg, work / "tssvllm.log"),

@@ -147,12 +147,13 @@ def test_latency_tables_of_a_packed_target_have_their_own_key():
     assert packed.packed and is_packed(packed.model)
     unpacked = TargetModel(tiny(torch.float64))
     assert not unpacked.packed
-    # " rows" where our rows kernel holds the packed weights (test_rows_kernel.py), " rows+amx"
-    # where oneDNN's AMX product takes its wider products, " packed" for oneDNN's alone
+    # " rows+stream" where our rows kernel holds the packed weights (test_rows_kernel.py),
+    # " rows+amx+stream" where oneDNN's AMX product takes its wider products, " packed" for
+    # oneDNN's alone
     kernel = linear.packed_kernel(packed.model)
-    kind = kernel if kernel in ("rows", "rows+amx") else "packed"
+    kind = f"{kernel}+stream" if kernel in ("rows", "rows+amx") else "packed"
     assert hardware_key(packed)["model"].endswith(f" {kind}")
-    assert not hardware_key(unpacked)["model"].endswith((" packed", " rows"))
+    assert not hardware_key(unpacked)["model"].endswith((" packed", " rows+stream"))
     # Nor a table of the compiled graphs from before they used the packed weights (and, since
     # its tables are measured per slot bucket, one measured before that: " padded").
     assert hardware_key(CompiledTarget(packed.model))["model"].endswith(f" compiled padded {kind}+graph")

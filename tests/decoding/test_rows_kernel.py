@@ -106,6 +106,21 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call():
         assert torch.equal(rows.rows_linear(x[:m], p), alone[:m]), m
 
 
+@needs_kernel
+def test_reading_the_weights_as_one_stream_changes_no_bit(monkeypatch):
+    """rows.STREAM (on by default; TSS_ROWS_STREAM=0 restores the earlier schedule) changes the
+    order the weights are read in (1-4 rows one block at a time, 7-16 with a prefetch of the
+    next group), not a sum: every row count, with and without a bias, gets the same bits either
+    way. 49 blocks: groups of 3 and 4 with a remainder, so the last groups prefetch nothing."""
+    assert rows.STREAM  # the default
+    w, b = bf16(49 * 16, 576, seed=8), bf16(49 * 16, seed=9)
+    p, x = rows.pack(w), bf16(16, 576, seed=10)
+    on = {(m, bias is None): rows.rows_linear(x[:m], p, bias) for m in range(1, 17) for bias in (None, b)}
+    monkeypatch.setattr(rows, "STREAM", False)
+    for (m, no_bias), got in on.items():
+        assert torch.equal(got, rows.rows_linear(x[:m], p, None if no_bias else b)), m
+
+
 def tiny() -> torch.nn.Module:
     return build_tiny_model(TinyConfig(), num_layers=3, seed=0, dtype=torch.bfloat16).eval()
 
@@ -118,8 +133,8 @@ def test_on_one_thread_the_target_packs_for_the_rows_kernel_and_decodes_as_f_lin
     assert linear.packed_kernel(target.model) == "rows"
     assert "layers for rows" in caplog.text
     key = hardware_key(target)["model"]
-    assert key.endswith(" rows") and " packed" not in key
-    assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+graph")
+    assert key.endswith(" rows+stream") and " packed" not in key
+    assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+stream+graph")
     packed = verify_and_decode(target)
     monkeypatch.setattr(linear, "PACK_MAX_ROWS", 0)  # F.linear everywhere
     plain = verify_and_decode(target)
@@ -175,8 +190,8 @@ def test_where_onednn_has_amx_products_of_seven_rows_or_more_take_its_copy(amx, 
         target = TargetModel(tiny())
     assert linear.packed_kernel(target.model) == "rows+amx"
     assert f"oneDNN's AMX product from {linear.AMX_FROM_ROWS} rows" in caplog.text
-    assert hardware_key(target)["model"].endswith(" rows+amx")
-    assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+amx+graph")
+    assert hardware_key(target)["model"].endswith(" rows+amx+stream")
+    assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+amx+stream+graph")
     layer = target.model.model.layers[0].mlp.up_proj
     x = bf16(2 * linear.PACK_MAX_ROWS, layer.in_features, seed=8)
     onednn = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 1)

@@ -30,14 +30,14 @@ def test_the_key_and_the_file_name_carry_the_dtype(targets, tmp_path: Path) -> N
     k32, k16 = hardware_key(targets["float32"]), hardware_key(targets["bfloat16"])
     assert (k32["dtype"], k16["dtype"]) == ("float32", "bfloat16")
     # Besides the dtype only the prepacked products (bfloat16 on a CPU whose oneDNN has them,
-    # decoding/linear.py: " packed", or " rows" for our rows kernels, float32's included) mark
-    # the model: the same machine, model and device.
+    # decoding/linear.py: " packed", or " rows+stream" for our rows kernels, float32's
+    # included) mark the model: the same machine, model and device.
     def rest(key: dict[str, str]) -> dict[str, str]:
-        model = key["model"].removesuffix(" packed").removesuffix(" rows+amx").removesuffix(" rows")
+        model = key["model"].removesuffix(" packed").removesuffix(" rows+amx+stream").removesuffix(" rows+stream")
         return {**{k: v for k, v in key.items() if k != "dtype"}, "model": model}
 
     assert rest(k32) == rest(k16)
-    f32_kernel = " rows" if linear.packed_kernel(targets["float32"].model) == "rows" else ""
+    f32_kernel = " rows+stream" if linear.packed_kernel(targets["float32"].model) == "rows" else ""
     assert k32["model"] == rest(k32)["model"] + f32_kernel
     assert table_path("latency", k32, tmp_path) != table_path("latency", k16, tmp_path)
     assert batch_latency_path(targets["float32"], tmp_path) != batch_latency_path(targets["bfloat16"], tmp_path)

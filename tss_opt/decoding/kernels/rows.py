@@ -20,6 +20,15 @@ from 1 row in the last place, same script). Its values equal oneDNN's one-row pr
 oneDNN computes with AVX-512 BF16 (the EPYCs); on AMX tiles oneDNN sums in another order, within
 the last place (an Intel Xeon with ``amx_bf16``, 2026-12-07). On such a CPU oneDNN's AMX product
 is faster from 7 rows, and ``decoding/linear.py`` gives it those products.
+
+Both kernels of ours (this one and ``rows_f32.c``) read the weights **as one stream** since
+2026-12-07: a step of few rows (bfloat16 1-4, float32 1-2) goes through the weights one block of
+outputs at a time, in memory order, which the hardware's prefetch follows best; a step of more
+rows (bfloat16 7-16, float32 3-16), which computes long enough on each group of outputs for the
+memory to fall idle, asks for the next group's weights while it computes the current one (a
+software prefetch). The same bits either way (every output is computed with the same
+instructions whichever path takes it), 1.05-1.75x faster products (the C files say what was
+measured). ``TSS_ROWS_STREAM=0`` restores the earlier schedule (:data:`STREAM`, read at every call).
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ from tss_opt.models.precision import cpu_flags
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "BLOCK", "available", "fits", "flat_rows", "library", "load", "machine_reason", "pack", "rows_linear", "unavailable_reason",
+    "BLOCK", "STREAM", "available", "fits", "flat_rows", "library", "load", "machine_reason", "pack", "rows_linear",
+    "unavailable_reason",
 ]
 
 SOURCE = Path(__file__).with_name("rows_bf16.c")
@@ -51,6 +61,10 @@ NEEDED_FLAGS: tuple[str, ...] = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16
 BLOCK = 16
 """Outputs per block of the packed layout (one 512-bit float32 accumulator)."""
 BUILD_TIMEOUT_S = 120
+STREAM: bool = os.environ.get("TSS_ROWS_STREAM", "1") != "0"
+"""Whether our kernels read the weights as one stream (module docstring); read at every call,
+so a benchmark can compare both schedules in one process (``benchmarks/rows_kernel.py``). Latency
+tables are keyed by it (``decoding/sizing/latency.py``)."""
 
 
 def _cache_dir() -> Path:
@@ -130,7 +144,7 @@ def library() -> ctypes.CDLL | None:
         return None
     fn = lib.tss_rows_linear
     p, n = ctypes.c_void_p, ctypes.c_long
-    fn.argtypes = [p, n, n, p, p, p, n, n, n]
+    fn.argtypes = [p, n, n, p, p, p, n, n, n, ctypes.c_int]
     fn.restype = ctypes.c_int
     return lib
 
@@ -159,10 +173,12 @@ def flat_rows(x: torch.Tensor, k: int, dtype: torch.dtype, kernel: str) -> torch
     """``x`` ``(..., k)`` as the ``(M, k)`` rows a kernel of ours reads (each row contiguous; a
     view where it can be), after checking its dtype, width and device (``kernel`` names the
     kernel in the error)."""
-    if x.dtype != dtype or x.shape[-1] != k or x.device.type != "cpu":
+    # Called for every product of a step (211 for SmolLM2): the cheapest checks first
+    # (``is_cpu``, not ``device.type``), and a 2-D input with contiguous rows is used as it is.
+    if x.dtype != dtype or x.shape[-1] != k or not x.is_cpu:
         raise ValueError(f"{kernel}: input {tuple(x.shape)} {x.dtype} on {x.device}; "
                          f"expected {str(dtype).removeprefix('torch.')} (..., {k}) on the CPU")
-    flat = x.reshape(-1, k)
+    flat = x if x.dim() == 2 else x.reshape(-1, k)
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
@@ -182,13 +198,13 @@ def rows_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
         raise RuntimeError(f"rows kernel unavailable: {unavailable_reason() or 'its build failed (see the INFO log)'}")
     n, k = packed.shape[0] * BLOCK, packed.shape[1] * 2
     rows = flat_rows(x, k, torch.bfloat16, "rows kernel")
-    out = torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16)
     m = rows.shape[0]
+    out = x.new_empty((*x.shape[:-1], n))
     if m == 0:
         return out
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     rc = lib.tss_rows_linear(rows.data_ptr(), rows.stride(0), m, packed.data_ptr(),
-                             None if b is None else b.data_ptr(), out.data_ptr(), n, n, k)
+                             None if b is None else b.data_ptr(), out.data_ptr(), n, n, k, int(STREAM))
     if rc != 0:  # pack() admits only shapes the kernel takes; this is a bug, not bad input
         raise RuntimeError(f"rows kernel rejected x {tuple(x.shape)} against packed {tuple(packed.shape)}")
     return out

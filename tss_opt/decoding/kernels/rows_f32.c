@@ -28,15 +28,19 @@ static inline float hsum8(__m256 v) {
 }
 
 /* One tile: MB rows of x against J output rows of W. MB * J accumulators stay in registers
- * (<= 12 of 16); every weight vector is loaded once and used by all MB rows. */
+ * (<= 12 of 16); every weight vector is loaded once and used by all MB rows. Where pf is not
+ * null, the tile also asks for the J rows of W at pf (the next group's), one cache line per row
+ * every 16 k, into L2: they arrive while this tile computes (see tss_rows_linear_f32). */
 #define TILE(MB, J)                                                                              \
   static void tile_##MB##_##J(const float *x, long ldx, const float *w, long ldw, const float *bias, \
-                              float *out, long ldo, long K) {                                    \
+                              float *out, long ldo, long K, const float *pf) {                   \
     __m256 acc[MB][J];                                                                           \
     for (int m = 0; m < MB; m++)                                                                 \
       for (int j = 0; j < J; j++) acc[m][j] = _mm256_setzero_ps();                               \
     const long K8 = K & ~7L;                                                                     \
     for (long k = 0; k < K8; k += 8) {                                                           \
+      if (pf && (k & 15) == 0)                                                                   \
+        for (int j = 0; j < J; j++) _mm_prefetch((const char *)(pf + j * ldw + k), _MM_HINT_T1); \
       for (int j = 0; j < J; j++) {                                                              \
         const __m256 wv = _mm256_loadu_ps(w + j * ldw + k);                                      \
         for (int m = 0; m < MB; m++)                                                             \
@@ -55,7 +59,8 @@ static inline float hsum8(__m256 v) {
 TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1) TILE(5, 1) TILE(6, 1) TILE(7, 1) TILE(8, 1)
 TILE(1, 6) TILE(2, 6)
 
-typedef void (*tile_fn)(const float *, long, const float *, long, const float *, float *, long, long);
+typedef void (*tile_fn)(const float *, long, const float *, long, const float *, float *, long, long,
+                        const float *);
 static const tile_fn TILES_J1[9] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1, tile_7_1, tile_8_1};
 static const tile_fn TILES_J6[3] = {0, tile_1_6, tile_2_6};
 
@@ -63,21 +68,39 @@ static const tile_fn TILES_J6[3] = {0, tile_1_6, tile_2_6};
  * outputs takes the rows two at a time, so the group's weights (6 * K * 4 bytes: 14 KB for
  * K = 576) come from memory once and from L1 for the later pairs. Six outputs by two rows (12
  * accumulators) was the fastest of the shapes tried for 1-16 rows (3 or 2 outputs by 4 or 6
- * rows, software prefetch: 2026-12-06, AMD EPYC without AVX-512, SmolLM2's MLP weights).
+ * rows: 2026-12-06, AMD EPYC without AVX-512, SmolLM2's MLP weights; a software prefetch tried
+ * there then is not recorded in a form to compare with this one).
+ *
+ * With stream != 0 (the default, rows.py's STREAM), the weights are read as one stream: one or
+ * two rows go one output at a time instead (the one-output tiles), a single pass through W in
+ * its order, which the hardware's prefetch follows best; for three rows or more the groups of
+ * six, whose first pair of rows also prefetches the next group's weights: the hardware's
+ * streams alone left the core waiting on each group's start (a group is six short streams).
+ * Measured 2026-12-07 on an AMD EPYC with AVX-512 (Zen 4), all of SmolLM2's products, one
+ * thread, against stream == 0 (the groups of six, no prefetch): one row 1.64x faster (1.11x a
+ * plain read of the weights), two rows 1.75x, four 1.50x, 8-16 1.19-1.33x
+ * (benchmarks/rows_kernel.py --dtype float32 --parts products). Every tile computes a (row,
+ * output) pair with the same instructions and a prefetch reads nothing into the computation,
+ * so the results are the same bits whichever path a call takes.
  * Returns 0, or -1 for a shape it cannot take. */
 int tss_rows_linear_f32(const float *x, long ldx, long M, const float *w, long ldw, const float *bias,
-                        float *out, long ldo, long N, long K) {
+                        float *out, long ldo, long N, long K, int stream) {
   if (M < 1 || N < 1 || K < 1 || ldw < K || ldx < K || ldo < N) return -1;
   long n = 0;
+  if (stream && M <= 2) {
+    for (; n < N; n++) TILES_J1[M](x, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + n, ldo, K, 0);
+    return 0;
+  }
   for (; n + 6 <= N; n += 6)
     for (long m0 = 0; m0 < M; m0 += 2) {
       const long mb = M - m0 < 2 ? M - m0 : 2;
-      TILES_J6[mb](x + m0 * ldx, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + m0 * ldo + n, ldo, K);
+      const float *next = stream && m0 == 0 && n + 12 <= N ? w + (n + 6) * ldw : 0;
+      TILES_J6[mb](x + m0 * ldx, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + m0 * ldo + n, ldo, K, next);
     }
   for (; n < N; n++)
     for (long m0 = 0; m0 < M; m0 += 8) {
       const long mb = M - m0 < 8 ? M - m0 : 8;
-      TILES_J1[mb](x + m0 * ldx, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + m0 * ldo + n, ldo, K);
+      TILES_J1[mb](x + m0 * ldx, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + m0 * ldo + n, ldo, K, 0);
     }
   return 0;
 }

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tss_opt.decoding.kernels import rows
 from tss_opt.decoding.linear import packed_kernel
 from tss_opt.decoding.sizing.measured import (
     MeasuredTable,
@@ -160,9 +161,13 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
         # oneDNN's products: " rows", never sized by a oneDNN table nor the reverse. So does our
         # float32 rows kernel (decoding/kernels/rows_f32.py) against MKL's float32 tables. Where
         # oneDNN's AMX product takes the wider products (since 2026-12-07), " rows+amx": its
-        # verification of 7-16 rows costs far less than the rows kernel's alone.
+        # verification of 7-16 rows costs far less than the rows kernel's alone. Our kernels
+        # read the weights as one stream since 2026-12-07 (decoding/kernels/rows.py): "+stream",
+        # so no table measured before (their steps cost up to 1.75x more) sizes them.
         kernel = packed_kernel(target.model)
         kind = kernel if kernel in ("rows", "rows+amx") else "packed"
+        if kind != "packed" and rows.STREAM:
+            kind += "+stream"
         name += f" {kind}+graph" if target.compiled else f" {kind}"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
