@@ -71,8 +71,8 @@ static const tile_fn TILES_J4[7] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4, t
  * first chunk of each group also prefetches the next group's weights, since those steps compute
  * long enough per group that the hardware's streams left the core waiting on each group's
  * start. Measured 2026-12-07 on an AMD EPYC with AVX-512 BF16 (Zen 4), all of SmolLM2's
- * products, one thread, against stream == 0 (the groups, no prefetch): 1-4 rows 1.09-1.19x
- * faster (1.09-1.25x a plain read of the weights), 8-16 rows 1.19-1.28x; 5-6 rows keep the
+ * products, one thread, against stream == 0 (the groups, no prefetch), two runs: 1-4 rows
+ * 1.09-1.19x faster (0.97-1.25x a plain read of the weights), 8-16 rows 1.15-1.28x; 5-6 rows keep the
  * groups (one block at a time was slower there, and the prefetch gained nothing below 7 rows
  * in a first trial; benchmarks/rows_kernel.py --parts products). Every tile computes
  * an output with the same instructions and a prefetch reads nothing into the computation: the

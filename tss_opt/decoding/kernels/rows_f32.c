@@ -77,8 +77,9 @@ static const tile_fn TILES_J6[3] = {0, tile_1_6, tile_2_6};
  * six, whose first pair of rows also prefetches the next group's weights: the hardware's
  * streams alone left the core waiting on each group's start (a group is six short streams).
  * Measured 2026-12-07 on an AMD EPYC with AVX-512 (Zen 4), all of SmolLM2's products, one
- * thread, against stream == 0 (the groups of six, no prefetch): one row 1.64x faster (1.11x a
- * plain read of the weights), two rows 1.75x, four 1.50x, 8-16 1.19-1.33x
+ * thread, against stream == 0 (the groups of six, no prefetch), two runs: one row 1.51-1.64x
+ * faster (1.10-1.11x a plain read of the weights), two rows 1.72-1.75x, four 1.45-1.50x, 8-16
+ * 1.19-1.33x
  * (benchmarks/rows_kernel.py --dtype float32 --parts products). Every tile computes a (row,
  * output) pair with the same instructions and a prefetch reads nothing into the computation,
  * so the results are the same bits whichever path a call takes.

@@ -11,9 +11,9 @@ a step that verifies one draft token cost 1.4-1.6x a plain step
 It is built and cached like the bfloat16 rows kernel (:func:`tss_opt.decoding.kernels.rows.load`;
 its own flags), and ``TSS_ROWS_KERNEL=0`` turns both off. It reads the weights as one stream,
 as the bfloat16 kernel does (:data:`tss_opt.decoding.kernels.rows.STREAM`): on an AMD EPYC with
-AVX-512 (Zen 4) 1.3-1.75x faster than the earlier schedule for 1-4 rows, 1.2-1.5x for 8-16
-(``rows_f32.c``).
-Where the CPU lacks AVX2 or FMA, no compiler is found or the build fails, :func:`library` returns ``None`` and says why once (INFO):
+AVX-512 (Zen 4) 1.45-1.75x faster than the earlier schedule for 1-4 rows, 1.19-1.33x for 8-16
+(``rows_f32.c``). Where the CPU lacks AVX2 or FMA, no compiler is found or the build fails,
+:func:`library` returns ``None`` and says why once (INFO):
 float32 layers keep ``F.linear``.
 
 The product is **row-invariant**: each output element is one 8-lane float32 accumulator over
