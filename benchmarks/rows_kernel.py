@@ -9,11 +9,13 @@ On the embedded model, one thread: in bfloat16 our bfloat16 rows kernel
 (``tss_opt/decoding/kernels/rows.py``) against oneDNN's prepacked products; in float32
 (``--dtype float32``) our float32 rows kernel (``kernels/rows_f32.py``) against ``F.linear``
 (MKL). Below, "the other" is oneDNN or ``F.linear``. Our kernel also runs as it read the weights
-before 2026-12-07 (``TSS_ROWS_STREAM=0``, ``rows.STREAM``: no single stream for few rows, no
-prefetch for many; the same bits), as its own arm beside the shipped schedule. Three parts:
+before 2026-12-07 (``TSS_ROWS_STREAM=0``, the ``earlier`` schedule of ``rows.SCHEDULE``: no single
+stream for few rows, no prefetch; the same bits), as its own arm beside the schedule shipped for
+this CPU; the products also run the schedule shipped for the other vendor (``blocks`` on AMD,
+``prefetch`` elsewhere). Three parts:
 
 1. ``products``: every linear layer of the model (SmolLM2: 210 decoder products and the output
-   head) on 1, 2, 4, 8, 11 and 16 rows through our kernel (both schedules), oneDNN's prepacked
+   head) on 1, 2, 4, 8, 11 and 16 rows through our kernel (every schedule), oneDNN's prepacked
    product (bfloat16) and ``F.linear``, rounds interleaved, beside a plain sum of the same
    weights (the bandwidth limit, timed in the same rounds). Columns: median ms, GB/s of weights streamed, ratios.
 2. ``steps``: verification steps of 1, 2, 4, 8, 11 and 16 slots (a chain of 0-15 drafted
@@ -70,21 +72,24 @@ from tss_opt.evaluation.domains import format_prompt, load_domain  # noqa: E402
 ROW_COUNTS = (1, 2, 4, 8, 11, 16)
 """11: prompt lookup's fixed chain of 10 and its root."""
 EARLIER = "earlier schedule"
-"""The suffix of the arms that run our kernel with ``rows.STREAM`` off (``TSS_ROWS_STREAM=0``)."""
+"""The suffix of the arms that run our kernel in the ``earlier`` schedule (``TSS_ROWS_STREAM=0``);
+an arm labelled ``..., <name> schedule`` runs ``rows.SCHEDULES[name]``."""
 OTHER = {"bfloat16": "oneDNN", "float32": "F.linear"}
 """What our kernel is measured against, per precision."""
 
 
 @contextmanager
 def schedule(label: str) -> Iterator[None]:
-    """``rows.STREAM`` off inside for an arm labelled with :data:`EARLIER`, on otherwise (read
-    by our kernels at every call, compiled graphs included)."""
-    saved = rows.STREAM
-    rows.STREAM = not label.endswith(EARLIER)
+    """``rows.SCHEDULE`` inside: the one an arm labelled ``..., <name> schedule`` names, the
+    shipped one otherwise (read by our kernels at every call, compiled graphs included)."""
+    saved = rows.SCHEDULE
+    last = label.rsplit(", ", 1)[-1]
+    if last.endswith(" schedule") and last.removesuffix(" schedule") in rows.SCHEDULES:
+        rows.SCHEDULE = last.removesuffix(" schedule")
     try:
         yield
     finally:
-        rows.STREAM = saved
+        rows.SCHEDULE = saved
 
 
 def _time_into(fn: Callable[[], Any], out: list[float]) -> None:
@@ -109,9 +114,10 @@ def products(model: Any, rounds: int, dtype: str) -> list[str]:
         mine = rows.rows_linear
         onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
     n_bytes = sum(w.numel() * w.element_size() for w in weights)
-    names = ["sum", "rows", f"rows, {EARLIER}", *(["onednn"] if onednn else []), "f.linear"]
-    heads = {"sum": "sum of the weights", "rows": "rows kernel", f"rows, {EARLIER}": f"rows kernel, {EARLIER}",
-             "onednn": "oneDNN prepacked", "f.linear": "F.linear"}
+    alternatives = [f"rows, {s} schedule" for s in rows.SCHEDULES if s != rows.SCHEDULE]
+    names = ["sum", "rows", *alternatives, *(["onednn"] if onednn else []), "f.linear"]
+    heads = {"sum": "sum of the weights", "rows": f"rows kernel ({rows.SCHEDULE})", "onednn": "oneDNN prepacked",
+             "f.linear": "F.linear", **{a: f"rows kernel, {a.removeprefix('rows, ')}" for a in alternatives}}
     lines = [f"{len(weights)} linear weights, {n_bytes / 1e6:.0f} MB, {dtype}; median of {rounds} interleaved rounds", "",
              "| rows | " + " | ".join(f"{heads[a]} ms" for a in names) + " | rows GB/s | "
              + " | ".join(f"{heads[a]} / rows" for a in names[2:]) + " | rows / sum |",
@@ -122,7 +128,8 @@ def products(model: Any, rounds: int, dtype: str) -> list[str]:
         arms: dict[str, Callable[[], Any]] = {
             "sum": lambda: [w.sum() for w in weights],
             "rows": lambda xs=xs: [mine(xs[w.shape[1]], p) for w, p in zip(weights, ours)],
-            f"rows, {EARLIER}": lambda xs=xs: _earlier(lambda: [mine(xs[w.shape[1]], p) for w, p in zip(weights, ours)]),
+            **{a: lambda xs=xs, a=a: _scheduled(a, lambda: [mine(xs[w.shape[1]], p) for w, p in zip(weights, ours)])
+               for a in alternatives},
             "onednn": lambda xs=xs: [torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], p, None, "none", [], "")
                                for w, p in zip(weights, onednn)],
             "f.linear": lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in weights],
@@ -139,8 +146,8 @@ def products(model: Any, rounds: int, dtype: str) -> list[str]:
     return lines
 
 
-def _earlier(fn: Callable[[], Any]) -> Any:
-    with schedule(EARLIER):
+def _scheduled(label: str, fn: Callable[[], Any]) -> Any:
+    with schedule(label):
         return fn()
 
 
@@ -232,7 +239,7 @@ def main() -> None:
               "nothing to compare")
         return
     settings = [f"dtype={args.dtype}", f"model.cache_dir={REPO / 'storage' / 'models'}"]
-    # As shipped (on a CPU with AMX: our kernel up to 6 rows, oneDNN's AMX product from 7); on
+    # As shipped (on a CPU with AMX: our kernel up to 8 rows, oneDNN's AMX product from 9); on
     # such a CPU the rows kernel alone too (TSS_AMX_ROWS=0); then the other (oneDNN's packing,
     # bfloat16, or F.linear, float32), each with its compiled target.
     runtimes = {"shipped": _assemble_with(settings, None, {})}
@@ -245,11 +252,14 @@ def main() -> None:
     names = {"shipped": kinds["shipped"], "rows only": "rows", "other": other}
     labelled = {names[k]: rt for k, rt in runtimes.items()}
     # The shipped target again, its kernel reading the weights as before 2026-12-07 (the same
-    # packed weights and graphs: rows.STREAM is read at every call), just before the other.
+    # packed weights and graphs: rows.SCHEDULE is read at every call), just before the other.
+    # Where oneDNN has AMX it keeps the shipped target's split (oneDNN's product from 9 rows,
+    # fixed when packed), where TSS_ROWS_STREAM=0 at start packs for 7: only the kernel's own
+    # schedule differs between the two arms.
     labelled = {**{k: v for k, v in labelled.items() if k != other}, f"{kinds['shipped']}, {EARLIER}": runtimes["shipped"],
                 other: runtimes["other"]}
-    print(f"# rows_kernel: SmolLM2-135M {args.dtype}, our kernel ({' and '.join(list(labelled)[:-1])}) against {other}, "
-          f"1 thread, torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"# rows_kernel: SmolLM2-135M {args.dtype}, our kernel ({' and '.join(list(labelled)[:-1])}; shipped schedule "
+          f"here: {rows.SCHEDULE}) against {other}, 1 thread, torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     lengths = [int(x) for x in args.lengths.split(",")]
     if "products" in parts:
         print("\n## 1. The products\n")

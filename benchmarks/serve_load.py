@@ -25,7 +25,7 @@ The servers (``--servers``, in the order given; ``_servers.py`` builds their com
   ``ours`` to show what the kernels give under load. They run on one thread only, so compare
   the two with ``--threads 1``: on more threads ``ours`` keeps the library's products too.
 - ``ours-auto-noamx``: ``ours-auto`` with ``TSS_AMX_ROWS=0``: on a CPU with AMX, our bfloat16
-  rows kernel for every row count instead of oneDNN's AMX product for 7-16 rows
+  rows kernel for every row count instead of oneDNN's AMX product for 9-16 rows
   (``decoding/linear.py``), beside ``ours-auto`` (``--threads 1``, as for ``ours-nokernels``).
 - ``ours-nostream``, ``ours-auto-nostream``: ``ours`` and ``ours-auto`` with ``TSS_ROWS_STREAM=0``:
   our rows kernels reading the weights as before 2026-12-07 (the same bits, ``docs/engine.md``),

@@ -12,6 +12,7 @@ from tss_opt.decoding import linear
 from tss_opt.decoding.cache import crop_to
 from tss_opt.decoding.compiled import CompiledTarget
 from tss_opt.decoding.engine import SpeculativeEngine
+from tss_opt.decoding.kernels import rows
 from tss_opt.decoding.linear import (
     PACK_MAX_ROWS,
     is_packed,
@@ -20,6 +21,7 @@ from tss_opt.decoding.linear import (
     packing_supported,
 )
 from tss_opt.decoding.sizing import hardware_key
+from tss_opt.decoding.sizing.latency import SCHEDULE_KEYS
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.models.tiny import build_tiny_model
@@ -147,13 +149,13 @@ def test_latency_tables_of_a_packed_target_have_their_own_key():
     assert packed.packed and is_packed(packed.model)
     unpacked = TargetModel(tiny(torch.float64))
     assert not unpacked.packed
-    # " rows+stream" where our rows kernel holds the packed weights (test_rows_kernel.py),
-    # " rows+amx+stream" where oneDNN's AMX product takes its wider products, " packed" for
-    # oneDNN's alone
+    # " rows+stream" (" rows+prefetch": the kernels' schedule on this CPU) where our rows
+    # kernel holds the packed weights (test_rows_kernel.py), " rows+amx+stream" where oneDNN's
+    # AMX product takes its wider products, " packed" for oneDNN's alone
     kernel = linear.packed_kernel(packed.model)
-    kind = f"{kernel}+stream" if kernel in ("rows", "rows+amx") else "packed"
+    kind = f"{kernel}{SCHEDULE_KEYS[rows.SCHEDULE]}" if kernel in ("rows", "rows+amx") else "packed"
     assert hardware_key(packed)["model"].endswith(f" {kind}")
-    assert not hardware_key(unpacked)["model"].endswith((" packed", " rows+stream"))
+    assert not hardware_key(unpacked)["model"].endswith((" packed", " rows+stream", " rows+prefetch"))
     # Nor a table of the compiled graphs from before they used the packed weights (and, since
     # its tables are measured per slot bucket, one measured before that: " padded").
     assert hardware_key(CompiledTarget(packed.model))["model"].endswith(f" compiled padded {kind}+graph")

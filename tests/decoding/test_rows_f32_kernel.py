@@ -20,6 +20,7 @@ from tss_opt.decoding.drafters import PromptLookupDrafter
 from tss_opt.decoding.engine import SpeculativeEngine
 from tss_opt.decoding.kernels import rows, rows_f32
 from tss_opt.decoding.sizing import hardware_key
+from tss_opt.decoding.sizing.latency import SCHEDULE_KEYS
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
 from tss_opt.models.tiny import build_tiny_model
@@ -110,28 +111,33 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call():
 
 
 @needs_kernel
-def test_reading_the_weights_as_one_stream_changes_no_bit(monkeypatch):
-    """rows.STREAM (on by default; TSS_ROWS_STREAM=0 restores the earlier schedule) changes the
-    order the weights are read in (1-2 rows one output at a time, 3-16 with a prefetch of the
-    next group of six), not a sum: every row count, with and without a bias, gets the same bits
-    either way. 1543 outputs: groups of six and a remainder, so the last groups prefetch
-    nothing."""
+@pytest.mark.parametrize("other", sorted(set(rows.SCHEDULES) - {"earlier"}))
+def test_no_schedule_changes_a_bit(monkeypatch, other):
+    """rows.SCHEDULE (chosen per CPU; TSS_ROWS_STREAM=0 restores the earlier schedule) changes
+    the order the weights are read in (1-2 rows one output at a time in ``blocks``, a prefetch of
+    the next group of six in ``blocks`` and ``prefetch``), not a sum: every row count, with and
+    without a bias, gets the same bits in each. 1543 outputs: groups of six and a remainder, so
+    the last groups prefetch nothing."""
     w, b = f32(1543, 576, seed=7), f32(1543, seed=8)
     x = f32(16, 576, seed=9)
-    on = {(m, bias is None): rows_f32.rows_linear_f32(x[:m], w, bias) for m in range(1, 17) for bias in (None, b)}
-    monkeypatch.setattr(rows, "STREAM", False)
-    for (m, no_bias), got in on.items():
+    monkeypatch.setattr(rows, "SCHEDULE", "earlier")
+    before = {(m, bias is None): rows_f32.rows_linear_f32(x[:m], w, bias) for m in range(1, 17) for bias in (None, b)}
+    monkeypatch.setattr(rows, "SCHEDULE", other)
+    for (m, no_bias), got in before.items():
         assert torch.equal(got, rows_f32.rows_linear_f32(x[:m], w, None if no_bias else b)), m
 
 
 @needs_kernel
-def test_latency_tables_of_the_earlier_schedule_have_their_own_key(monkeypatch, one_thread):
-    """A table measured with the weights read as one stream (the default) must not size a
-    process that turned it off, nor the reverse (tables from before it carried " rows" alone)."""
+def test_latency_tables_of_another_schedule_have_their_own_key(monkeypatch, one_thread):
+    """A table measured in one schedule must not size a process in another (tables from before
+    the schedules carried " rows" alone, the earlier schedule's key)."""
     target = TargetModel(tiny())
-    assert hardware_key(target)["model"].endswith(" rows+stream")
-    monkeypatch.setattr(rows, "STREAM", False)
-    assert hardware_key(target)["model"].endswith(" rows")
+    keys = {}
+    for name in rows.SCHEDULES:
+        monkeypatch.setattr(rows, "SCHEDULE", name)
+        keys[name] = hardware_key(target)["model"]
+    assert keys["earlier"].endswith(" rows") and keys["blocks"].endswith(" rows+stream")
+    assert keys["prefetch"].endswith(" rows+prefetch")
 
 
 @needs_kernel
@@ -145,7 +151,8 @@ def test_on_one_thread_a_float32_target_uses_the_kernel_in_place(monkeypatch, ca
     # In place: the layer's own storage, no copy (and no buffer: exports never see it).
     assert all(m._tss_packed_weight.data_ptr() == m.weight.data_ptr() for m in layers)
     assert "_tss_packed_weight" not in "".join(model.state_dict())
-    assert hardware_key(target)["model"].endswith(" rows+stream")  # float32 tables of F.linear never size it
+    # float32 tables of F.linear never size it
+    assert hardware_key(target)["model"].endswith(f" rows{SCHEDULE_KEYS[rows.SCHEDULE]}")
     calls = spy_packed_products(monkeypatch)
     packed = verify_and_decode(target)
     assert calls and all(shape.numel() <= linear.PACK_MAX_ROWS * shape[-1] for shape in calls)

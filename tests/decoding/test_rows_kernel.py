@@ -4,6 +4,7 @@ here, the values of F.linear, row-invariant, and chosen by pack_linears on one t
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -16,8 +17,10 @@ from tss_opt.decoding.cache import crop_to
 from tss_opt.decoding.compiled import CompiledTarget
 from tss_opt.decoding.kernels import rows
 from tss_opt.decoding.sizing import hardware_key
+from tss_opt.decoding.sizing.latency import SCHEDULE_KEYS
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
+from tss_opt.models.precision import cpu_vendor
 from tss_opt.models.tiny import build_tiny_model
 
 needs_kernel = pytest.mark.skipif(
@@ -107,18 +110,41 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call():
 
 
 @needs_kernel
-def test_reading_the_weights_as_one_stream_changes_no_bit(monkeypatch):
-    """rows.STREAM (on by default; TSS_ROWS_STREAM=0 restores the earlier schedule) changes the
-    order the weights are read in (1-4 rows one block at a time, 7-16 with a prefetch of the
-    next group), not a sum: every row count, with and without a bias, gets the same bits either
-    way. 49 blocks: groups of 3 and 4 with a remainder, so the last groups prefetch nothing."""
-    assert rows.STREAM  # the default
+@pytest.mark.parametrize("other", sorted(set(rows.SCHEDULES) - {"earlier"}))
+def test_no_schedule_changes_a_bit(monkeypatch, other):
+    """rows.SCHEDULE (chosen per CPU; TSS_ROWS_STREAM=0 restores the earlier schedule) changes
+    the order the weights are read in (1-4 rows one block at a time in ``blocks``, a prefetch of
+    the next group in ``blocks`` and ``prefetch``), not a sum: every row count, with and without
+    a bias, gets the same bits in each. 49 blocks: groups of 3 and 4 with a remainder, so the
+    last groups prefetch nothing."""
     w, b = bf16(49 * 16, 576, seed=8), bf16(49 * 16, seed=9)
     p, x = rows.pack(w), bf16(16, 576, seed=10)
-    on = {(m, bias is None): rows.rows_linear(x[:m], p, bias) for m in range(1, 17) for bias in (None, b)}
-    monkeypatch.setattr(rows, "STREAM", False)
-    for (m, no_bias), got in on.items():
+    monkeypatch.setattr(rows, "SCHEDULE", "earlier")
+    before = {(m, bias is None): rows.rows_linear(x[:m], p, bias) for m in range(1, 17) for bias in (None, b)}
+    monkeypatch.setattr(rows, "SCHEDULE", other)
+    for (m, no_bias), got in before.items():
         assert torch.equal(got, rows.rows_linear(x[:m], p, None if no_bias else b)), m
+
+
+def test_the_schedule_is_chosen_by_the_cpus_vendor_and_the_switch(tmp_path):
+    """``blocks`` on AMD, ``prefetch`` elsewhere (measured faster on a Zen 4 and an Intel Xeon
+    each); TSS_ROWS_STREAM names one (0 and 1: its spellings before there were three), and a
+    value it does not know is an error that names it."""
+    amd, intel = tmp_path / "amd", tmp_path / "intel"
+    amd.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: avx2\n")
+    intel.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: avx2\n")
+    assert (cpu_vendor(amd), cpu_vendor(intel), cpu_vendor(tmp_path / "none")) == ("AuthenticAMD", "GenuineIntel", "")
+    assert rows.default_schedule(cpu_vendor(amd)) == "blocks"
+    assert rows.default_schedule(cpu_vendor(intel)) == rows.default_schedule("") == "prefetch"
+    for value in (None, "", "1", "auto", " auto "):
+        assert rows.schedule_from(value, "AuthenticAMD") == "blocks", value
+        assert rows.schedule_from(value, "GenuineIntel") == "prefetch", value
+    assert rows.schedule_from("0", "AuthenticAMD") == rows.schedule_from("earlier", "GenuineIntel") == "earlier"
+    assert rows.schedule_from("prefetch", "AuthenticAMD") == "prefetch"
+    assert rows.schedule_from("blocks", "GenuineIntel") == "blocks"
+    with pytest.raises(ValueError, match=r"TSS_ROWS_STREAM='fast'.*blocks or prefetch"):
+        rows.schedule_from("fast", "GenuineIntel")
+    assert rows.SCHEDULE == rows.schedule_from(os.environ.get("TSS_ROWS_STREAM"), cpu_vendor())
 
 
 def tiny() -> torch.nn.Module:
@@ -133,8 +159,9 @@ def test_on_one_thread_the_target_packs_for_the_rows_kernel_and_decodes_as_f_lin
     assert linear.packed_kernel(target.model) == "rows"
     assert "layers for rows" in caplog.text
     key = hardware_key(target)["model"]
-    assert key.endswith(" rows+stream") and " packed" not in key
-    assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+stream+graph")
+    suffix = SCHEDULE_KEYS[rows.SCHEDULE]  # "+stream" (blocks) or "+prefetch"
+    assert suffix and key.endswith(f" rows{suffix}") and " packed" not in key
+    assert hardware_key(CompiledTarget(target.model))["model"].endswith(f" compiled padded rows{suffix}+graph")
     packed = verify_and_decode(target)
     monkeypatch.setattr(linear, "PACK_MAX_ROWS", 0)  # F.linear everywhere
     plain = verify_and_decode(target)
@@ -183,15 +210,24 @@ def _chain(n: int) -> DraftTree:
 
 
 @needs_kernel
-def test_where_onednn_has_amx_products_of_seven_rows_or_more_take_its_copy(amx, monkeypatch, caplog):
-    """Our kernel up to AMX_FROM_ROWS - 1 rows, oneDNN's prepacked product (AMX) from there up
-    to PACK_MAX_ROWS, F.linear beyond: the values of each (bit for bit), and a key of its own."""
+def test_where_onednn_has_amx_the_wider_products_take_its_copy(amx, monkeypatch, caplog):
+    """Our kernel up to amx_from_rows() - 1 rows, oneDNN's prepacked product (AMX) from there up
+    to PACK_MAX_ROWS, F.linear beyond: the values of each (bit for bit), and a key of its own.
+    9 rows while the kernel prefetches (the shipped schedules), 7 in the earlier one."""
+    shipped = rows.SCHEDULE
+    for name in ("blocks", "prefetch"):
+        monkeypatch.setattr(rows, "SCHEDULE", name)
+        assert linear.amx_from_rows() == linear.AMX_FROM_ROWS == 9
+    monkeypatch.setattr(rows, "SCHEDULE", "earlier")
+    assert linear.amx_from_rows() == linear.AMX_FROM_ROWS_EARLIER == 7
+    monkeypatch.setattr(rows, "SCHEDULE", shipped)
     with caplog.at_level(logging.INFO, logger="tss_opt.decoding.linear"):
         target = TargetModel(tiny())
     assert linear.packed_kernel(target.model) == "rows+amx"
-    assert f"oneDNN's AMX product from {linear.AMX_FROM_ROWS} rows" in caplog.text
-    assert hardware_key(target)["model"].endswith(" rows+amx+stream")
-    assert hardware_key(CompiledTarget(target.model))["model"].endswith(" compiled padded rows+amx+stream+graph")
+    assert f"oneDNN's AMX product from {linear.amx_from_rows()} rows" in caplog.text
+    suffix = SCHEDULE_KEYS[rows.SCHEDULE]
+    assert hardware_key(target)["model"].endswith(f" rows+amx{suffix}")
+    assert hardware_key(CompiledTarget(target.model))["model"].endswith(f" compiled padded rows+amx{suffix}+graph")
     layer = target.model.model.layers[0].mlp.up_proj
     x = bf16(2 * linear.PACK_MAX_ROWS, layer.in_features, seed=8)
     onednn = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 1)
@@ -199,33 +235,35 @@ def test_where_onednn_has_amx_products_of_seven_rows_or_more_take_its_copy(amx, 
     real = rows.rows_linear
     monkeypatch.setattr(rows, "rows_linear", lambda x, p, b=None: taken.append(x.shape[0]) or real(x, p, b))
     with linear.packed_linears(), torch.no_grad():  # as our steps run (a forward that trains keeps F.linear)
-        for n in (1, linear.AMX_FROM_ROWS - 1, linear.AMX_FROM_ROWS, linear.PACK_MAX_ROWS, linear.PACK_MAX_ROWS + 1):
+        for n in (1, linear.amx_from_rows() - 1, linear.amx_from_rows(), linear.PACK_MAX_ROWS, linear.PACK_MAX_ROWS + 1):
             got = layer(x[:n])
-            if n < linear.AMX_FROM_ROWS:
+            if n < linear.amx_from_rows():
                 assert torch.equal(got, real(x[:n], rows.pack(layer.weight)))
             elif n <= linear.PACK_MAX_ROWS:
                 assert torch.equal(got, torch.ops.mkldnn._linear_pointwise(x[:n], onednn, layer.bias, "none", [], ""))
             else:
                 assert torch.equal(got, F.linear(x[:n], layer.weight, layer.bias))
-    assert taken == [1, linear.AMX_FROM_ROWS - 1]
-    # A whole target: tokens as with F.linear, and a verification of 8 slots within rounding.
+    assert taken == [1, linear.amx_from_rows() - 1]
+    # A whole target: tokens as with F.linear, and a verification of amx_from_rows() slots within
+    # rounding.
     packed = verify_and_decode(target)
     cache = target.new_cache()
     prompt = torch.tensor([5, 9, 11, 3, 7, 2, 8, 13, 4, 6])
     target.prefill(prompt, cache)
-    wide, _ = target.verify_forward(4, _chain(7), cache, len(prompt))
+    wide, _ = target.verify_forward(4, _chain(linear.amx_from_rows() - 1), cache, len(prompt))
     monkeypatch.setattr(linear, "PACK_MAX_ROWS", 0)  # F.linear everywhere
     plain = verify_and_decode(target)
     crop_to(cache, len(prompt))
-    wide_plain, _ = target.verify_forward(4, _chain(7), cache, len(prompt))
+    wide_plain, _ = target.verify_forward(4, _chain(linear.amx_from_rows() - 1), cache, len(prompt))
     assert packed[1] == plain[1]
     assert torch.allclose(wide.float(), wide_plain.float(), rtol=2**-6, atol=0.05)
 
 
 @needs_kernel
-def test_inside_a_compiled_graph_a_step_of_eight_slots_takes_onednns_copy(amx, monkeypatch):
-    """The row count is static in a graph: a bucket of 8 slots calls the operator on oneDNN's
-    copy, one of 4 on the rows kernel's layout, and a plain step neither (inductor's one row)."""
+def test_inside_a_compiled_graph_a_step_of_sixteen_slots_takes_onednns_copy(amx, monkeypatch):
+    """The row count is static in a graph: a bucket of 16 slots calls the operator on oneDNN's
+    copy, one of 8 (below amx_from_rows()) on the rows kernel's layout, and a plain step neither
+    (inductor's one row)."""
     target = CompiledTarget(TargetModel(tiny()).model)
     layouts: list[str] = []
     real = linear._packed_product
@@ -236,13 +274,13 @@ def test_inside_a_compiled_graph_a_step_of_eight_slots_takes_onednns_copy(amx, m
     target.prefill(prompt, cache)
     linears = sum(isinstance(m, torch.nn.Linear) for m in target.model.modules())
     seen = {}
-    for drafted in (6, 3, 0):  # 7 slots (bucket 8), 4 (bucket 4), a plain step
+    for drafted in (10, 6, 0):  # 11 slots (bucket 16), 7 (bucket 8), a plain step
         layouts.clear()
         crop_to(cache, len(prompt))
         target.verify_forward(4, _chain(drafted) if drafted else DraftTree.empty(), cache, len(prompt))
         seen[drafted] = list(layouts)
     # Every decoder layer's products in the graph, then the head, eagerly (the tiny model's
     # vocabulary is no multiple of 16: oneDNN's copy alone, whatever the rows).
-    assert seen[6] == ["onednn"] * linears
-    assert seen[3] == ["rows"] * (linears - 1) + ["onednn"]
+    assert seen[10] == ["onednn"] * linears
+    assert seen[6] == ["rows"] * (linears - 1) + ["onednn"]
     assert seen[0] == []  # a plain step: inductor's one-row products, the head in its graph too

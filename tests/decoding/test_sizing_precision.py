@@ -11,7 +11,9 @@ import pytest
 
 from tss_opt.decoding import linear
 from tss_opt.decoding.batch_budget import batch_latency_path
+from tss_opt.decoding.kernels import rows
 from tss_opt.decoding.sizing import LatencyTable, hardware_key, load_or_measure_latency
+from tss_opt.decoding.sizing.latency import SCHEDULE_KEYS
 from tss_opt.decoding.sizing.measured import table_path
 from tss_opt.decoding.target import TargetModel
 from tss_opt.models import ModelConfig, load_model
@@ -30,14 +32,16 @@ def test_the_key_and_the_file_name_carry_the_dtype(targets, tmp_path: Path) -> N
     k32, k16 = hardware_key(targets["float32"]), hardware_key(targets["bfloat16"])
     assert (k32["dtype"], k16["dtype"]) == ("float32", "bfloat16")
     # Besides the dtype only the prepacked products (bfloat16 on a CPU whose oneDNN has them,
-    # decoding/linear.py: " packed", or " rows+stream" for our rows kernels, float32's
-    # included) mark the model: the same machine, model and device.
+    # decoding/linear.py: " packed", or " rows+stream" / " rows+prefetch" for our rows kernels,
+    # float32's included) mark the model: the same machine, model and device.
+    schedule = SCHEDULE_KEYS[rows.SCHEDULE]
+
     def rest(key: dict[str, str]) -> dict[str, str]:
-        model = key["model"].removesuffix(" packed").removesuffix(" rows+amx+stream").removesuffix(" rows+stream")
+        model = key["model"].removesuffix(" packed").removesuffix(f" rows+amx{schedule}").removesuffix(f" rows{schedule}")
         return {**{k: v for k, v in key.items() if k != "dtype"}, "model": model}
 
     assert rest(k32) == rest(k16)
-    f32_kernel = " rows+stream" if linear.packed_kernel(targets["float32"].model) == "rows" else ""
+    f32_kernel = f" rows{schedule}" if linear.packed_kernel(targets["float32"].model) == "rows" else ""
     assert k32["model"] == rest(k32)["model"] + f32_kernel
     assert table_path("latency", k32, tmp_path) != table_path("latency", k16, tmp_path)
     assert batch_latency_path(targets["float32"], tmp_path) != batch_latency_path(targets["bfloat16"], tmp_path)

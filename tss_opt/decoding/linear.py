@@ -19,8 +19,8 @@ built from C at first use, one thread; each weight read once for all of a step's
 values of oneDNN's one-row product, row-invariant) where it runs and the target computes on one
 thread, and **oneDNN**'s prepacked product elsewhere (more threads, or a CPU or machine without
 what the kernel needs). Where oneDNN computes on **AMX** tiles (``amx_bf16``), a layer holds
-both: the rows kernel for up to :data:`AMX_FROM_ROWS` - 1 rows, oneDNN's AMX product from
-:data:`AMX_FROM_ROWS` rows (below). :func:`pack_linears` decides once per model and says which
+both: the rows kernel for up to :func:`amx_from_rows` - 1 rows, oneDNN's AMX product from
+:func:`amx_from_rows` rows (below). :func:`pack_linears` decides once per model and says which
 (INFO); :func:`packed_kernel` tells. What follows was measured with oneDNN and holds for both: the
 products take the packed weight for a step's few rows and ``F.linear`` otherwise.
 
@@ -58,14 +58,17 @@ there, one thread, SmolLM2-135M in bfloat16, compiled steps after 64 / 800 cache
 
 **AMX** (since 2026-12-07). On an Intel Xeon with ``amx_bf16`` (one thread,
 ``benchmarks/rows_kernel.py --parts products``: all 211 products of SmolLM2) our rows kernel
-beats oneDNN's prepacked product for 1-6 rows (1.25x at one row, 1.08x at six) and loses from
+beats oneDNN's prepacked product for 1-6 rows (1.25x at one row, 1.08x at six) and lost from
 seven (0.82x at 7, 0.74x at 8, 0.53x at 16): past 6 rows the kernel runs a second chunk of
 rows (``rows_bf16.c``) and its cost steps up, while oneDNN's AMX tiles take 16 rows for about
-the price of one. So on such a CPU :func:`pack_linears` keeps oneDNN's copy too (a third copy of the
-weights, counted against :data:`MEMORY_SHARE`) and a product of :data:`AMX_FROM_ROWS` rows or
-more takes it, in eager steps and in the compiled graphs alike (the row count is static there).
+the price of one. Since the kernel prefetches the next group's weights (``rows.SCHEDULE``,
+2026-12-07) it beats oneDNN's AMX product up to 8 rows too (1.24x at 7, 1.06-1.19x at 8), ties
+at 9 and loses from 10 (0.90x at 10, 0.64-0.68x at 16). So on such a CPU :func:`pack_linears` keeps
+oneDNN's copy too (a third copy of the weights, counted against :data:`MEMORY_SHARE`) and a
+product of :func:`amx_from_rows` rows or more (9; 7 in the schedule without the prefetch)
+takes it, in eager steps and in the compiled graphs alike (the row count is static there).
 The price: rows of such a product are no longer row-invariant (oneDNN's blocking changes with
-the row count), so a token verified among 7-16 rows may round differently from the same token
+the row count), so a token verified among 9-16 rows may round differently from the same token
 alone, as before the rows kernel; ``TSS_AMX_ROWS=0`` keeps the rows kernel for every row count
 (row-invariant, slower to verify). On CPUs without AMX (the EPYCs) nothing changes.
 """
@@ -90,8 +93,10 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AMX_FROM_ROWS",
+    "AMX_FROM_ROWS_EARLIER",
     "GRAPH_MIN_ROWS",
     "PACK_MAX_ROWS",
+    "amx_from_rows",
     "amx_reason",
     "is_packed",
     "pack_linears",
@@ -109,10 +114,15 @@ GRAPH_MIN_ROWS = 2
 """Inside a compiled graph, rows from which a layer uses its prepacked weight (one row is
 inductor's fused reduction, module docstring)."""
 
-AMX_FROM_ROWS = 7
+AMX_FROM_ROWS = 9
 """Where oneDNN has AMX, products of this many rows or more (up to :data:`PACK_MAX_ROWS`) take
-oneDNN's prepacked weight rather than our rows kernel (module docstring: the kernel measured
-faster up to 6 rows, slower from 7)."""
+oneDNN's prepacked weight rather than our rows kernel, while the kernel prefetches the next
+group's weights (``rows.SCHEDULE`` ``prefetch`` or ``blocks``; module docstring: the kernel
+measured faster up to 8 rows, as fast at 9, slower from 10)."""
+
+AMX_FROM_ROWS_EARLIER = 7
+"""The same in the ``earlier`` schedule (``TSS_ROWS_STREAM=0``), no prefetch: the kernel measured
+faster up to 6 rows, slower from 7."""
 
 AMX_FLAG = "amx_bf16"
 """The ``/proc/cpuinfo`` flag of the AMX tiles oneDNN's bfloat16 products use."""
@@ -123,7 +133,11 @@ larger model keeps ``F.linear`` (and says so once) rather than risk the machine'
 
 _ACTIVE: ContextVar[bool] = ContextVar("tss_packed_linears", default=False)
 _PACKED = "_tss_packed_weight"
-_WIDE = "_tss_packed_wide"  # oneDNN's copy beside the rows kernel's, for AMX_FROM_ROWS rows or more
+_WIDE = "_tss_packed_wide"  # oneDNN's copy beside the rows kernel's, for _WIDE_FROM rows or more
+# The rows from which that copy takes a product: amx_from_rows() when packed, fixed then so a
+# compiled graph and an eager step of the layer agree. An int of its own: with the copy in a
+# tuple, the compiled plain step of such a target ran 1.2x slower (2026-12-07, Xeon).
+_WIDE_FROM = "_tss_packed_wide_from"
 
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -195,11 +209,18 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _for_rows(layer: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """The packed weight for ``x``'s rows: oneDNN's copy from :data:`AMX_FROM_ROWS` rows where
-    the layer holds one (AMX, module docstring), else ``packed``. Looked up only on the packed
-    paths, so a graph of one row never reads it."""
+    """The packed weight for ``x``'s rows: oneDNN's copy from :func:`amx_from_rows` rows (as
+    when the layer was packed) where the layer holds one (AMX, module docstring), else
+    ``packed``. Looked up only on the packed paths, so a graph of one row never reads it."""
     wide = getattr(layer, _WIDE, None)
-    return wide if wide is not None and x.numel() >= AMX_FROM_ROWS * layer.in_features else packed
+    return wide if wide is not None and x.numel() >= getattr(layer, _WIDE_FROM) * layer.in_features else packed
+
+
+def amx_from_rows() -> int:
+    """Rows from which oneDNN's AMX copy takes a product (where a layer holds one), for a layer
+    packed now: :data:`AMX_FROM_ROWS`, or :data:`AMX_FROM_ROWS_EARLIER` in the schedule that does
+    not prefetch (``TSS_ROWS_STREAM=0``)."""
+    return AMX_FROM_ROWS if rows.SCHEDULES[rows.SCHEDULE] & rows.PREFETCH else AMX_FROM_ROWS_EARLIER
 
 
 def _fits(layer: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor) -> bool:
@@ -269,14 +290,15 @@ def pack_linears(model: Any) -> int:
         setattr(m, _PACKED, rows.pack(m.weight) if mine else torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1))
         if mine and amx is None:
             setattr(m, _WIDE, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1))
+            setattr(m, _WIDE_FROM, amx_from_rows())
         m.forward = types.MethodType(_forward, m)
         kernels["rows" if mine else "oneDNN"] += 1
-    wide = f"; oneDNN's AMX product from {AMX_FROM_ROWS} rows" if kernels["rows"] and amx is None else ""
+    wide = f"; oneDNN's AMX product from {amx_from_rows()} rows" if kernels["rows"] and amx is None else ""
     log.info("bfloat16 step products prepacked (%.0f MB): %s%s", need / 1e6,
              ", ".join(f"{n} layers for {k}" for k, n in kernels.items() if n), wide)
     if kernels["rows"] and amx is not None and AMX_FLAG in cpu_flags():
         log.info("bfloat16 products of %d-%d rows through our rows kernel, not oneDNN's AMX product: %s",
-                 AMX_FROM_ROWS, PACK_MAX_ROWS, amx)
+                 amx_from_rows(), PACK_MAX_ROWS, amx)
     return done + len(todo)
 
 

@@ -8,7 +8,14 @@ from tss_opt.models.loading import (
     load_model,
     model_id_for,
 )
-from tss_opt.models.precision import AUTO, DtypeChoice, choose_dtype, cpu_flags, resolve_model_dtype
+from tss_opt.models.precision import (
+    AUTO,
+    DtypeChoice,
+    choose_dtype,
+    cpu_flags,
+    cpu_vendor,
+    resolve_model_dtype,
+)
 
 __all__ = [
     "AUTO",
@@ -20,6 +27,7 @@ __all__ = [
     "as_model_config",
     "choose_dtype",
     "cpu_flags",
+    "cpu_vendor",
     "load_model",
     "model_id_for",
     "resolve_model_dtype",

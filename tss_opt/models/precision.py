@@ -48,6 +48,7 @@ __all__ = [
     "Purpose",
     "choose_dtype",
     "cpu_flags",
+    "cpu_vendor",
     "resolve_model_dtype",
 ]
 
@@ -97,6 +98,20 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
         if key.strip() in ("flags", "Features"):  # x86 / ARM spelling
             return frozenset(value.split())
     return frozenset()
+
+
+def cpu_vendor(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's vendor (the first ``vendor_id`` line of ``/proc/cpuinfo``: ``GenuineIntel``,
+    ``AuthenticAMD``, ...); empty where the file or the line is missing (not Linux, not x86)."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return ""
 
 
 def _cuda_bf16() -> bool:

@@ -19,16 +19,28 @@ bits as alone (oneDNN's products change their blocking with the row count: 13 ro
 from 1 row in the last place, same script). Its values equal oneDNN's one-row product's where
 oneDNN computes with AVX-512 BF16 (the EPYCs); on AMX tiles oneDNN sums in another order, within
 the last place (an Intel Xeon with ``amx_bf16``, 2026-12-07). On such a CPU oneDNN's AMX product
-is faster from 7 rows, and ``decoding/linear.py`` gives it those products.
+is faster from 10 rows (from 7 in the earlier schedule), and ``decoding/linear.py`` gives it
+the products of 9 rows or more (7 or more).
 
-Both kernels of ours (this one and ``rows_f32.c``) read the weights **as one stream** since
-2026-12-07: a step of few rows (bfloat16 1-4, float32 1-2) goes through the weights one block of
-outputs at a time, in memory order, which the hardware's prefetch follows best; a step of more
-rows (bfloat16 7-16, float32 3-16), which computes long enough on each group of outputs for the
-memory to fall idle, asks for the next group's weights while it computes the current one (a
-software prefetch). The same bits either way (every output is computed with the same
-instructions whichever path takes it), 1.05-1.75x faster products (the C files say what was
-measured). ``TSS_ROWS_STREAM=0`` restores the earlier schedule (:data:`STREAM`, read at every call).
+Both kernels of ours (this one and ``rows_f32.c``) follow a **schedule** chosen per CPU
+(:data:`SCHEDULE`, since 2026-12-07), the order in which they read the weights; every schedule
+computes each output with the same instructions, so the bits never depend on it:
+
+- ``blocks`` (AMD): a step of few rows (bfloat16 1-4, float32 1-2) goes through the weights one
+  block of outputs at a time, in memory order, one stream the hardware's prefetch follows best;
+  wider steps take groups of output blocks and ask for the next group's weights while they
+  compute the current one (a software prefetch). On an AMD EPYC with AVX-512 (Zen 4) 1.09-1.75x
+  faster products than the earlier schedule.
+- ``prefetch`` (every other vendor): the groups for every row count, each prefetching the next
+  (bfloat16 from two rows). On an Intel Xeon with AMX (2026-12-07) one block at a time ran
+  1-4 bfloat16 rows 1.04-1.45x slower than this and one float32 row 1.14x slower; against
+  the earlier schedule this was level for 1-4 bfloat16 rows (0.97-1.04x), 1.04-1.21x faster
+  for 1-2 float32 rows and 1.08-1.48x on wider steps (three runs).
+- ``earlier``: the groups, no prefetch: the schedule before 2026-12-07.
+
+``TSS_ROWS_STREAM`` overrides the choice: ``0`` (``earlier``), ``blocks`` or ``prefetch``;
+unset, ``1`` or ``auto`` choose by the CPU's vendor (:func:`default_schedule`). The C files
+say what was measured.
 """
 
 from __future__ import annotations
@@ -45,13 +57,13 @@ from pathlib import Path
 
 import torch
 
-from tss_opt.models.precision import cpu_flags
+from tss_opt.models.precision import cpu_flags, cpu_vendor
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "BLOCK", "STREAM", "available", "fits", "flat_rows", "library", "load", "machine_reason", "pack", "rows_linear",
-    "unavailable_reason",
+    "BLOCK", "SCHEDULE", "SCHEDULES", "available", "default_schedule", "fits", "flat_rows", "library", "load",
+    "machine_reason", "pack", "rows_linear", "schedule_from", "unavailable_reason",
 ]
 
 SOURCE = Path(__file__).with_name("rows_bf16.c")
@@ -61,10 +73,39 @@ NEEDED_FLAGS: tuple[str, ...] = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16
 BLOCK = 16
 """Outputs per block of the packed layout (one 512-bit float32 accumulator)."""
 BUILD_TIMEOUT_S = 120
-STREAM: bool = os.environ.get("TSS_ROWS_STREAM", "1") != "0"
-"""Whether our kernels read the weights as one stream (module docstring); read at every call,
-so a benchmark can compare both schedules in one process (``benchmarks/rows_kernel.py``). Latency
-tables are keyed by it (``decoding/sizing/latency.py``)."""
+ONE_BLOCK, PREFETCH = 1, 2
+"""The C kernels' ``schedule`` bits: few rows one block of outputs at a time; the groups of
+output blocks prefetch the next group's weights."""
+SCHEDULES: dict[str, int] = {"earlier": 0, "blocks": ONE_BLOCK | PREFETCH, "prefetch": PREFETCH}
+"""Each schedule (module docstring) as the bits our C kernels take."""
+SCHEDULE_ALIASES: dict[str, str] = {"0": "earlier", "1": "auto"}
+"""``TSS_ROWS_STREAM``'s spellings before there were three schedules (on and off)."""
+
+
+def default_schedule(vendor: str) -> str:
+    """The schedule for a CPU of ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``): ``blocks`` on
+    AMD (measured faster on Zen 4), ``prefetch`` elsewhere (measured faster on an Intel Xeon;
+    never slower than the earlier schedule on either)."""
+    return "blocks" if vendor == "AuthenticAMD" else "prefetch"
+
+
+def schedule_from(value: str | None, vendor: str) -> str:
+    """The schedule ``TSS_ROWS_STREAM=value`` asks for on a CPU of ``vendor``: unset, ``1`` and
+    ``auto`` by the vendor (:func:`default_schedule`), ``0`` the earlier one. A value none of
+    these is an error that names it and what would do."""
+    name = SCHEDULE_ALIASES.get((value or "auto").strip(), (value or "auto").strip())
+    if name == "auto":
+        return default_schedule(vendor)
+    if name not in SCHEDULES:
+        raise ValueError(f"TSS_ROWS_STREAM={value!r}: expected auto, 1, 0 (earlier), blocks or prefetch"
+                         " (unset: auto, by the CPU's vendor); set it to one of those or unset it")
+    return name
+
+
+SCHEDULE: str = schedule_from(os.environ.get("TSS_ROWS_STREAM"), cpu_vendor())
+"""The schedule our kernels read the weights in (module docstring); read at every call, so a
+benchmark can compare schedules in one process (``benchmarks/rows_kernel.py``). Latency tables
+are keyed by it (``decoding/sizing/latency.py``)."""
 
 
 def _cache_dir() -> Path:
@@ -204,7 +245,7 @@ def rows_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
         return out
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     rc = lib.tss_rows_linear(rows.data_ptr(), rows.stride(0), m, packed.data_ptr(),
-                             None if b is None else b.data_ptr(), out.data_ptr(), n, n, k, int(STREAM))
+                             None if b is None else b.data_ptr(), out.data_ptr(), n, n, k, SCHEDULES[SCHEDULE])
     if rc != 0:  # pack() admits only shapes the kernel takes; this is a bug, not bad input
         raise RuntimeError(f"rows kernel rejected x {tuple(x.shape)} against packed {tuple(packed.shape)}")
     return out

@@ -65,31 +65,40 @@ static const tile_fn TILES_J4[7] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4, t
  * of at most `chunk`, so the group's weights (J * K * 32 bytes) come from memory once and from
  * cache for the later chunks.
  *
- * With stream != 0 (the default, rows.py's STREAM), the weights are read as one stream: one to
- * four rows go one block of 16 outputs at a time instead (the one-block tiles), a single pass
- * through the layout in its order, which the hardware's prefetch follows best; past 6 rows the
- * first chunk of each group also prefetches the next group's weights, since those steps compute
- * long enough per group that the hardware's streams left the core waiting on each group's
- * start. Measured 2026-12-07 on an AMD EPYC with AVX-512 BF16 (Zen 4), all of SmolLM2's
- * products, one thread, against stream == 0 (the groups, no prefetch), two runs: 1-4 rows
- * 1.09-1.19x faster (0.97-1.25x a plain read of the weights), 8-16 rows 1.15-1.28x; 5-6 rows keep the
- * groups (one block at a time was slower there, and the prefetch gained nothing below 7 rows
- * in a first trial; benchmarks/rows_kernel.py --parts products). Every tile computes
- * an output with the same instructions and a prefetch reads nothing into the computation: the
- * same bits whichever path a call takes. Returns 0, or -1 for a shape the layout cannot hold. */
+ * `schedule` (rows.py's SCHEDULES, chosen per CPU) orders the reads; two bits:
+ * - 1 (one block): one to four rows go one block of 16 outputs at a time instead (the one-block
+ *   tiles), a single pass through the layout in its order, which the hardware's prefetch
+ *   follows best on an AMD EPYC (Zen 4);
+ * - 2 (prefetch): from two rows, the first chunk of each group also prefetches the next group's
+ *   weights into L2, since a group is J short streams and the hardware's streams alone left the
+ *   core waiting on each group's start (one row computes too little per weight for that to
+ *   happen: the prefetch's own loads cost it 3-5 % on the Xeon below).
+ * Measured 2026-12-07, all of SmolLM2's products, one thread, against 0 (the groups, no
+ * prefetch; benchmarks/rows_kernel.py --parts products):
+ * - AMD EPYC with AVX-512 BF16 (Zen 4), 3 (both), two runs: 1-4 rows 1.09-1.19x faster
+ *   (0.97-1.25x a plain read of the weights), 8-16 rows 1.15-1.28x; steps of 5-6 rows kept the
+ *   groups with no prefetch then (one block at a time was slower there, and the prefetch gained
+ *   nothing below 7 rows in a first trial) and take the prefetch with this bit since.
+ * - Intel Xeon with AMX, two runs or more each: 3 ran 1-4 rows at 0.70-0.92x (one accumulator
+ *   chain per 16 outputs: likely too little work in flight for that core); 2 ran
+ *   one row at 0.95-0.97x (hence not from one row), two 0.98-1.02x, four 1.02-1.04x, 7-16 rows
+ *   1.08-1.48x, which moved oneDNN's AMX product to 9 rows (decoding/linear.py).
+ * Every tile computes an output with the same instructions and a prefetch reads nothing into
+ * the computation: the same bits whichever path a call takes. Returns 0, or -1 for a shape the
+ * layout cannot hold. */
 int tss_rows_linear(const uint16_t *x, long ldx, long M, const uint16_t *wp, const float *bias,
-                    uint16_t *out, long ldo, long N, long K, int stream) {
+                    uint16_t *out, long ldo, long N, long K, int schedule) {
   if (M < 1 || N < 16 || N % 16 || K < 2 || K % 2) return -1;
   const long K2 = K / 2, blocks = N / 16;
   const int J = M <= 6 ? 4 : 3, chunk = M <= 6 ? 6 : 8;
   const tile_fn *tiles = J == 4 ? TILES_J4 : TILES_J3;
   long nb = 0;
-  if (stream && M <= 4) {
+  if ((schedule & 1) && M <= 4) {
     for (; nb < blocks; nb++)
       TILES_J1[M](x, ldx, wp + nb * K2 * 32, bias ? bias + nb * 16 : 0, out + nb * 16, ldo, K2, 0);
     return 0;
   }
-  const int ahead = stream && M > 6;
+  const int ahead = (schedule & 2) && M > 1;
   for (; nb + J <= blocks; nb += J)
     for (long m0 = 0; m0 < M; m0 += chunk) {
       const long mb = M - m0 < chunk ? M - m0 : chunk;

@@ -71,31 +71,34 @@ static const tile_fn TILES_J6[3] = {0, tile_1_6, tile_2_6};
  * rows: 2026-12-06, AMD EPYC without AVX-512, SmolLM2's MLP weights; a software prefetch tried
  * there then is not recorded in a form to compare with this one).
  *
- * With stream != 0 (the default, rows.py's STREAM), the weights are read as one stream: one or
- * two rows go one output at a time instead (the one-output tiles), a single pass through W in
- * its order, which the hardware's prefetch follows best; for three rows or more the groups of
- * six, whose first pair of rows also prefetches the next group's weights: the hardware's
- * streams alone left the core waiting on each group's start (a group is six short streams).
- * Measured 2026-12-07 on an AMD EPYC with AVX-512 (Zen 4), all of SmolLM2's products, one
- * thread, against stream == 0 (the groups of six, no prefetch), two runs: one row 1.51-1.64x
- * faster (1.10-1.11x a plain read of the weights), two rows 1.72-1.75x, four 1.45-1.50x, 8-16
- * 1.19-1.33x
- * (benchmarks/rows_kernel.py --dtype float32 --parts products). Every tile computes a (row,
- * output) pair with the same instructions and a prefetch reads nothing into the computation,
- * so the results are the same bits whichever path a call takes.
+ * `schedule` (rows.py's SCHEDULES, chosen per CPU) orders the reads; two bits:
+ * - 1 (one output): one or two rows go one output at a time instead (the one-output tiles), a
+ *   single pass through W in its order, which the hardware's prefetch follows best on an AMD
+ *   EPYC (Zen 4);
+ * - 2 (prefetch): the first pair of rows of each group of six also prefetches the next group's
+ *   weights: a group is six short streams, and the hardware's streams alone left the core
+ *   waiting on each group's start.
+ * Measured 2026-12-07, all of SmolLM2's products, one thread, against 0 (the groups of six, no
+ * prefetch; benchmarks/rows_kernel.py --dtype float32 --parts products):
+ * - AMD EPYC with AVX-512 (Zen 4), 3 (both), two runs: one row 1.51-1.64x faster (1.10-1.11x
+ *   a plain read of the weights), two rows 1.72-1.75x, four 1.45-1.50x, 8-16 1.19-1.33x.
+ * - Intel Xeon with AMX, three runs: 3 ran one row at 0.94x and two at 1.01x; 2 ran one row
+ *   1.04-1.06x faster, two 1.20-1.23x, 4-16 1.08-1.17x.
+ * Every tile computes a (row, output) pair with the same instructions and a prefetch reads
+ * nothing into the computation, so the results are the same bits whichever path a call takes.
  * Returns 0, or -1 for a shape it cannot take. */
 int tss_rows_linear_f32(const float *x, long ldx, long M, const float *w, long ldw, const float *bias,
-                        float *out, long ldo, long N, long K, int stream) {
+                        float *out, long ldo, long N, long K, int schedule) {
   if (M < 1 || N < 1 || K < 1 || ldw < K || ldx < K || ldo < N) return -1;
   long n = 0;
-  if (stream && M <= 2) {
+  if ((schedule & 1) && M <= 2) {
     for (; n < N; n++) TILES_J1[M](x, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + n, ldo, K, 0);
     return 0;
   }
   for (; n + 6 <= N; n += 6)
     for (long m0 = 0; m0 < M; m0 += 2) {
       const long mb = M - m0 < 2 ? M - m0 : 2;
-      const float *next = stream && m0 == 0 && n + 12 <= N ? w + (n + 6) * ldw : 0;
+      const float *next = (schedule & 2) && m0 == 0 && n + 12 <= N ? w + (n + 6) * ldw : 0;
       TILES_J6[mb](x + m0 * ldx, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + m0 * ldo + n, ldo, K, next);
     }
   for (; n < N; n++)

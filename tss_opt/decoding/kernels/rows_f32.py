@@ -9,12 +9,13 @@ a step that verifies one draft token cost 1.4-1.6x a plain step
 ``(out, in)`` weight (no packed copy, no extra memory), with AVX2 and FMA.
 
 It is built and cached like the bfloat16 rows kernel (:func:`tss_opt.decoding.kernels.rows.load`;
-its own flags), and ``TSS_ROWS_KERNEL=0`` turns both off. It reads the weights as one stream,
-as the bfloat16 kernel does (:data:`tss_opt.decoding.kernels.rows.STREAM`): on an AMD EPYC with
-AVX-512 (Zen 4) 1.45-1.75x faster than the earlier schedule for 1-4 rows, 1.19-1.33x for 8-16
-(``rows_f32.c``). Where the CPU lacks AVX2 or FMA, no compiler is found or the build fails,
-:func:`library` returns ``None`` and says why once (INFO):
-float32 layers keep ``F.linear``.
+its own flags), and ``TSS_ROWS_KERNEL=0`` turns both off. It reads the weights in the
+schedule the bfloat16 kernel does (:data:`tss_opt.decoding.kernels.rows.SCHEDULE`, per CPU):
+on an AMD EPYC with AVX-512 (Zen 4) ``blocks`` was 1.45-1.75x faster than the earlier schedule
+for 1-4 rows and 1.19-1.33x for 8-16; on an Intel Xeon with AMX ``prefetch`` 1.04-1.23x for 1-2
+rows and 1.08-1.17x for 4-16 (``rows_f32.c``). Where the CPU lacks AVX2 or FMA, no compiler is
+found or the build fails, :func:`library` returns ``None`` and says why once (INFO): float32
+layers keep ``F.linear``.
 
 The product is **row-invariant**: each output element is one 8-lane float32 accumulator over
 the inputs in order, summed across its lanes in a fixed order, whatever the row count, so a
@@ -110,7 +111,7 @@ def rows_linear_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return out
     b = None if bias is None else bias.detach().contiguous()
     rc = lib.tss_rows_linear_f32(flat.data_ptr(), flat.stride(0), m, weight.data_ptr(), weight.stride(0),
-                                 None if b is None else b.data_ptr(), out.data_ptr(), n, n, k, int(rows.STREAM))
+                                 None if b is None else b.data_ptr(), out.data_ptr(), n, n, k, rows.SCHEDULES[rows.SCHEDULE])
     if rc != 0:  # fits() admits only what the kernel takes; this is a bug, not bad input
         raise RuntimeError(f"float32 rows kernel rejected x {tuple(x.shape)} against weight {tuple(weight.shape)}")
     return out

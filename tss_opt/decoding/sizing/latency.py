@@ -42,6 +42,9 @@ DEFAULT_DIR = Path("storage/tree_sizing")
 ENV_DIR = "TSS_TREE_SIZING_DIR"
 """Environment variable naming the cache folder instead of ``./storage/tree_sizing`` (the test
 suite points it at a temporary folder, so tiny test models never write into the checkout)."""
+SCHEDULE_KEYS: dict[str, str] = {"earlier": "", "blocks": "+stream", "prefetch": "+prefetch"}
+"""The suffix a latency table's key takes for our rows kernels' schedule (``rows.SCHEDULE``);
+``blocks`` keeps ``+stream``, its name while it was the only new schedule."""
 
 
 def sizing_dir(directory: str | Path | None = None) -> Path:
@@ -161,13 +164,14 @@ def hardware_key(target: TargetModel, model_name: str | None = None) -> dict[str
         # oneDNN's products: " rows", never sized by a oneDNN table nor the reverse. So does our
         # float32 rows kernel (decoding/kernels/rows_f32.py) against MKL's float32 tables. Where
         # oneDNN's AMX product takes the wider products (since 2026-12-07), " rows+amx": its
-        # verification of 7-16 rows costs far less than the rows kernel's alone. Our kernels
-        # read the weights as one stream since 2026-12-07 (decoding/kernels/rows.py): "+stream",
-        # so no table measured before (their steps cost up to 1.75x more) sizes them.
+        # verification of 9-16 rows costs far less than the rows kernel's alone. Our kernels
+        # read the weights in a schedule chosen per CPU since 2026-12-07 (decoding/kernels/rows.py):
+        # "+stream" (blocks) or "+prefetch", so no table of another schedule (their steps cost up
+        # to 1.75x more, or less) sizes them.
         kernel = packed_kernel(target.model)
         kind = kernel if kernel in ("rows", "rows+amx") else "packed"
-        if kind != "packed" and rows.STREAM:
-            kind += "+stream"
+        if kind != "packed":
+            kind += SCHEDULE_KEYS[rows.SCHEDULE]
         name += f" {kind}+graph" if target.compiled else f" {kind}"
     return {"machine": machine, "model": name, "dtype": str(target.dtype).removeprefix("torch."), "device": device.type}
 
