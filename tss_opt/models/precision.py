@@ -86,32 +86,31 @@ class DtypeChoice:
         return f"dtype=auto: {self.dtype}, because {self.reason}"
 
 
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags (the first ``flags`` line of ``/proc/cpuinfo``); empty where the
-    file is missing or unreadable (not Linux), so ``auto`` then falls back to float32."""
+def _cpuinfo_field(keys: tuple[str, ...], cpuinfo: str | Path) -> str | None:
+    """The value of the first ``/proc/cpuinfo`` line whose key is one of ``keys``; ``None`` where
+    the file is missing or unreadable (not Linux) or no line has such a key."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):  # x86 / ARM spelling
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() in keys:
+            return value
+    return None
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags (the first ``flags`` line of ``/proc/cpuinfo``); empty where the
+    file is missing or unreadable (not Linux), so ``auto`` then falls back to float32."""
+    value = _cpuinfo_field(("flags", "Features"), cpuinfo)  # x86 / ARM spelling
+    return frozenset(value.split()) if value is not None else frozenset()
 
 
 def cpu_vendor(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     """The CPU's vendor (the first ``vendor_id`` line of ``/proc/cpuinfo``: ``GenuineIntel``,
     ``AuthenticAMD``, ...); empty where the file or the line is missing (not Linux, not x86)."""
-    try:
-        text = Path(cpuinfo).read_text(errors="replace")
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "vendor_id":
-            return value.strip()
-    return ""
+    return (_cpuinfo_field(("vendor_id",), cpuinfo) or "").strip()
 
 
 def _cuda_bf16() -> bool:

@@ -93,7 +93,8 @@ def schedule_from(value: str | None, vendor: str) -> str:
     """The schedule ``TSS_ROWS_STREAM=value`` asks for on a CPU of ``vendor``: unset, ``1`` and
     ``auto`` by the vendor (:func:`default_schedule`), ``0`` the earlier one. A value none of
     these is an error that names it and what would do."""
-    name = SCHEDULE_ALIASES.get((value or "auto").strip(), (value or "auto").strip())
+    given = (value or "auto").strip()
+    name = SCHEDULE_ALIASES.get(given, given)
     if name == "auto":
         return default_schedule(vendor)
     if name not in SCHEDULES:
