@@ -114,10 +114,11 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call():
 @pytest.mark.parametrize("other", sorted(set(rows.SCHEDULES) - {"earlier"}))
 def test_no_schedule_changes_a_bit(monkeypatch, other):
     """rows.SCHEDULE (chosen per CPU; TSS_ROWS_STREAM=0 restores the earlier schedule) changes
-    the order the weights are read in (1-2 rows one output at a time in ``blocks``, a prefetch of
-    the next group of six in ``blocks`` and ``prefetch``), not a sum: every row count, with and
-    without a bias, gets the same bits in each. 1543 outputs: groups of six and a remainder, so
-    the last groups prefetch nothing."""
+    the order the weights are read in (1-2 rows one output at a time in ``blocks`` and ``ahead``,
+    two of them prefetching two outputs ahead in ``ahead``, a prefetch of the next group of six
+    in the others), not a sum: every row count, with and without a bias, gets the same bits in
+    each. 1543 outputs: groups of six and a remainder, so the last groups and outputs prefetch
+    nothing."""
     w, b = f32(1543, 576, seed=7), f32(1543, seed=8)
     x = f32(16, 576, seed=9)
     monkeypatch.setattr(rows, "SCHEDULE", "earlier")
@@ -137,7 +138,7 @@ def test_latency_tables_of_another_schedule_have_their_own_key(monkeypatch, one_
         monkeypatch.setattr(rows, "SCHEDULE", name)
         keys[name] = hardware_key(target)["model"]
     assert keys["earlier"].endswith(" rows") and keys["blocks"].endswith(" rows+stream")
-    assert keys["prefetch"].endswith(" rows+prefetch")
+    assert keys["prefetch"].endswith(" rows+prefetch") and keys["ahead"].endswith(" rows+ahead")
 
 
 @needs_kernel

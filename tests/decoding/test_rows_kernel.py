@@ -20,7 +20,7 @@ from tss_opt.decoding.sizing import hardware_key
 from tss_opt.decoding.sizing.latency import SCHEDULE_KEYS
 from tss_opt.decoding.target import TargetModel
 from tss_opt.decoding.tree import DraftTree
-from tss_opt.models.precision import cpu_vendor
+from tss_opt.models.precision import cpu_flags, cpu_vendor
 from tss_opt.models.tiny import build_tiny_model
 
 needs_kernel = pytest.mark.skipif(
@@ -127,24 +127,31 @@ def test_no_schedule_changes_a_bit(monkeypatch, other):
 
 
 def test_the_schedule_is_chosen_by_the_cpus_vendor_and_the_switch(tmp_path):
-    """``blocks`` on AMD, ``prefetch`` elsewhere (measured faster on a Zen 4 and an Intel Xeon
-    each); TSS_ROWS_STREAM names one (0 and 1: its spellings before there were three), and a
-    value it does not know is an error that names it."""
-    amd, intel = tmp_path / "amd", tmp_path / "intel"
-    amd.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: avx2\n")
-    intel.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: avx2\n")
-    assert (cpu_vendor(amd), cpu_vendor(intel), cpu_vendor(tmp_path / "none")) == ("AuthenticAMD", "GenuineIntel", "")
-    assert rows.default_schedule(cpu_vendor(amd)) == "blocks"
-    assert rows.default_schedule(cpu_vendor(intel)) == rows.default_schedule("") == "prefetch"
+    """``blocks`` on AMD with AVX-512, ``ahead`` on AMD without, ``prefetch`` elsewhere (each
+    measured fastest on a Zen 4, a Zen 3 and an Intel Xeon); TSS_ROWS_STREAM names one (0 and 1:
+    its spellings before there were several), and a value it does not know is an error that
+    names it."""
+    zen3, zen4, intel = tmp_path / "zen3", tmp_path / "zen4", tmp_path / "intel"
+    zen3.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fma avx2\n")
+    zen4.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: avx2 avx512f avx512_bf16\n")
+    intel.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: avx2 avx512f\n")
+    assert (cpu_vendor(zen3), cpu_vendor(intel), cpu_vendor(tmp_path / "none")) == ("AuthenticAMD", "GenuineIntel", "")
+    assert rows.default_schedule(cpu_vendor(zen4), cpu_flags(zen4)) == "blocks"
+    assert rows.default_schedule(cpu_vendor(zen3), cpu_flags(zen3)) == "ahead"
+    assert rows.default_schedule(cpu_vendor(intel), cpu_flags(intel)) == "prefetch"
+    assert rows.default_schedule("", frozenset()) == "prefetch"
     for value in (None, "", "1", "auto", " auto "):
-        assert rows.schedule_from(value, "AuthenticAMD") == "blocks", value
-        assert rows.schedule_from(value, "GenuineIntel") == "prefetch", value
-    assert rows.schedule_from("0", "AuthenticAMD") == rows.schedule_from("earlier", "GenuineIntel") == "earlier"
-    assert rows.schedule_from("prefetch", "AuthenticAMD") == "prefetch"
-    assert rows.schedule_from("blocks", "GenuineIntel") == "blocks"
-    with pytest.raises(ValueError, match=r"TSS_ROWS_STREAM='fast'.*blocks or prefetch"):
-        rows.schedule_from("fast", "GenuineIntel")
-    assert rows.SCHEDULE == rows.schedule_from(os.environ.get("TSS_ROWS_STREAM"), cpu_vendor())
+        assert rows.schedule_from(value, "AuthenticAMD", cpu_flags(zen4)) == "blocks", value
+        assert rows.schedule_from(value, "AuthenticAMD", cpu_flags(zen3)) == "ahead", value
+        assert rows.schedule_from(value, "GenuineIntel", cpu_flags(intel)) == "prefetch", value
+    assert rows.schedule_from("0", "AuthenticAMD", cpu_flags(zen4)) == "earlier"
+    assert rows.schedule_from("earlier", "GenuineIntel", cpu_flags(intel)) == "earlier"
+    assert rows.schedule_from("prefetch", "AuthenticAMD", cpu_flags(zen3)) == "prefetch"
+    assert rows.schedule_from("blocks", "GenuineIntel", cpu_flags(intel)) == "blocks"
+    assert rows.schedule_from("ahead", "GenuineIntel", cpu_flags(intel)) == "ahead"
+    with pytest.raises(ValueError, match=r"TSS_ROWS_STREAM='fast'.*blocks, prefetch or ahead"):
+        rows.schedule_from("fast", "GenuineIntel", cpu_flags(intel))
+    assert rows.SCHEDULE == rows.schedule_from(os.environ.get("TSS_ROWS_STREAM"), cpu_vendor(), cpu_flags())
 
 
 def tiny() -> torch.nn.Module:

@@ -26,7 +26,7 @@ Both kernels of ours (this one and ``rows_f32.c``) follow a **schedule** chosen 
 (:data:`SCHEDULE`, since 2026-12-07), the order in which they read the weights; every schedule
 computes each output with the same instructions, so the bits never depend on it:
 
-- ``blocks`` (AMD): a step of few rows (bfloat16 1-4, float32 1-2) goes through the weights one
+- ``blocks`` (AMD with AVX-512): a step of few rows (bfloat16 1-4, float32 1-2) goes through the weights one
   block of outputs at a time, in memory order, one stream the hardware's prefetch follows best;
   wider steps take groups of output blocks and ask for the next group's weights while they
   compute the current one (a software prefetch). On an AMD EPYC with AVX-512 (Zen 4) 1.09-1.75x
@@ -36,11 +36,16 @@ computes each output with the same instructions, so the bits never depend on it:
   1-4 bfloat16 rows 1.04-1.45x slower than this and one float32 row 1.14x slower; against
   the earlier schedule this was level for 1-4 bfloat16 rows (0.97-1.04x), 1.04-1.21x faster
   for 1-2 float32 rows and 1.08-1.48x on wider steps (three runs).
+- ``ahead`` (AMD without AVX-512: Zen 2 and 3): ``blocks``, where two float32 rows also
+  prefetch the weights two outputs ahead. On a Zen 3 EPYC (2026-12-07, three runs) two rows ran
+  1.12-1.14x faster than in ``blocks`` and one row, which does not prefetch, alike; ``blocks``
+  itself was 1.00-1.10x faster than the earlier schedule there. Our bfloat16 kernel, which
+  needs AVX-512, reads as in ``blocks``.
 - ``earlier``: the groups, no prefetch: the schedule before 2026-12-07.
 
-``TSS_ROWS_STREAM`` overrides the choice: ``0`` (``earlier``), ``blocks`` or ``prefetch``;
-unset, ``1`` or ``auto`` choose by the CPU's vendor (:func:`default_schedule`). The C files
-say what was measured.
+``TSS_ROWS_STREAM`` overrides the choice: ``0`` (``earlier``), ``blocks``, ``prefetch`` or
+``ahead``; unset, ``1`` or ``auto`` choose by the CPU's vendor and flags
+(:func:`default_schedule`). The C files say what was measured.
 """
 
 from __future__ import annotations
@@ -73,37 +78,42 @@ NEEDED_FLAGS: tuple[str, ...] = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16
 BLOCK = 16
 """Outputs per block of the packed layout (one 512-bit float32 accumulator)."""
 BUILD_TIMEOUT_S = 120
-ONE_BLOCK, PREFETCH = 1, 2
+ONE_BLOCK, PREFETCH, AHEAD = 1, 2, 4
 """The C kernels' ``schedule`` bits: few rows one block of outputs at a time; the groups of
-output blocks prefetch the next group's weights."""
-SCHEDULES: dict[str, int] = {"earlier": 0, "blocks": ONE_BLOCK | PREFETCH, "prefetch": PREFETCH}
+output blocks prefetch the next group's weights; two float32 rows one output at a time prefetch
+the output two ahead (``rows_f32.c`` only)."""
+SCHEDULES: dict[str, int] = {"earlier": 0, "blocks": ONE_BLOCK | PREFETCH, "prefetch": PREFETCH,
+                             "ahead": ONE_BLOCK | PREFETCH | AHEAD}
 """Each schedule (module docstring) as the bits our C kernels take."""
 SCHEDULE_ALIASES: dict[str, str] = {"0": "earlier", "1": "auto"}
-"""``TSS_ROWS_STREAM``'s spellings before there were three schedules (on and off)."""
+"""``TSS_ROWS_STREAM``'s spellings before there were several schedules (on and off)."""
 
 
-def default_schedule(vendor: str) -> str:
-    """The schedule for a CPU of ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``): ``blocks`` on
-    AMD (measured faster on Zen 4), ``prefetch`` elsewhere (measured faster on an Intel Xeon;
-    never slower than the earlier schedule on either)."""
-    return "blocks" if vendor == "AuthenticAMD" else "prefetch"
+def default_schedule(vendor: str, flags: frozenset[str]) -> str:
+    """The schedule for a CPU of ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``) with ``flags``:
+    ``blocks`` on AMD with AVX-512 (measured fastest on Zen 4), ``ahead`` on AMD without (Zen 3),
+    ``prefetch`` elsewhere (measured fastest on an Intel Xeon); none slower than the earlier
+    schedule where it was measured."""
+    if vendor == "AuthenticAMD":
+        return "blocks" if "avx512f" in flags else "ahead"
+    return "prefetch"
 
 
-def schedule_from(value: str | None, vendor: str) -> str:
-    """The schedule ``TSS_ROWS_STREAM=value`` asks for on a CPU of ``vendor``: unset, ``1`` and
-    ``auto`` by the vendor (:func:`default_schedule`), ``0`` the earlier one. A value none of
-    these is an error that names it and what would do."""
+def schedule_from(value: str | None, vendor: str, flags: frozenset[str]) -> str:
+    """The schedule ``TSS_ROWS_STREAM=value`` asks for on a CPU of ``vendor`` with ``flags``:
+    unset, ``1`` and ``auto`` by the CPU (:func:`default_schedule`), ``0`` the earlier one. A
+    value none of these is an error that names it and what would do."""
     given = (value or "auto").strip()
     name = SCHEDULE_ALIASES.get(given, given)
     if name == "auto":
-        return default_schedule(vendor)
+        return default_schedule(vendor, flags)
     if name not in SCHEDULES:
-        raise ValueError(f"TSS_ROWS_STREAM={value!r}: expected auto, 1, 0 (earlier), blocks or prefetch"
-                         " (unset: auto, by the CPU's vendor); set it to one of those or unset it")
+        raise ValueError(f"TSS_ROWS_STREAM={value!r}: expected auto, 1, 0 (earlier), blocks, prefetch or ahead"
+                         " (unset: auto, by the CPU); set it to one of those or unset it")
     return name
 
 
-SCHEDULE: str = schedule_from(os.environ.get("TSS_ROWS_STREAM"), cpu_vendor())
+SCHEDULE: str = schedule_from(os.environ.get("TSS_ROWS_STREAM"), cpu_vendor(), cpu_flags())
 """The schedule our kernels read the weights in (module docstring); read at every call, so a
 benchmark can compare schedules in one process (``benchmarks/rows_kernel.py``). Latency tables
 are keyed by it (``decoding/sizing/latency.py``)."""

@@ -65,7 +65,7 @@ static const tile_fn TILES_J4[7] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4, t
  * of at most `chunk`, so the group's weights (J * K * 32 bytes) come from memory once and from
  * cache for the later chunks.
  *
- * `schedule` (rows.py's SCHEDULES, chosen per CPU) orders the reads; two bits:
+ * `schedule` (rows.py's SCHEDULES, chosen per CPU) orders the reads; two bits (the third, `ahead`, is rows_f32.c's alone):
  * - 1 (one block): one to four rows go one block of 16 outputs at a time instead (the one-block
  *   tiles), a single pass through the layout in its order, which the hardware's prefetch
  *   follows best on an AMD EPYC (Zen 4);

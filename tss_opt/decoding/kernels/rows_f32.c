@@ -71,19 +71,27 @@ static const tile_fn TILES_J6[3] = {0, tile_1_6, tile_2_6};
  * rows: 2026-12-06, AMD EPYC without AVX-512, SmolLM2's MLP weights; a software prefetch tried
  * there then is not recorded in a form to compare with this one).
  *
- * `schedule` (rows.py's SCHEDULES, chosen per CPU) orders the reads; two bits:
+ * `schedule` (rows.py's SCHEDULES, chosen per CPU) orders the reads; three bits:
  * - 1 (one output): one or two rows go one output at a time instead (the one-output tiles), a
  *   single pass through W in its order, which the hardware's prefetch follows best on an AMD
  *   EPYC (Zen 4);
  * - 2 (prefetch): the first pair of rows of each group of six also prefetches the next group's
  *   weights: a group is six short streams, and the hardware's streams alone left the core
  *   waiting on each group's start.
+ * - 4 (ahead, with 1): two rows one output at a time also prefetch the weights of the output
+ *   two ahead. On a Zen 3 EPYC (AVX2, no AVX-512) the hardware's prefetch alone seems not to
+ *   keep two rows' FMAs fed; one row it does (prefetching there measured level, so it does not).
  * Measured 2026-12-07, all of SmolLM2's products, one thread, against 0 (the groups of six, no
  * prefetch; benchmarks/rows_kernel.py --dtype float32 --parts products):
  * - AMD EPYC with AVX-512 (Zen 4), 3 (both), two runs: one row 1.51-1.64x faster (1.10-1.11x
  *   a plain read of the weights), two rows 1.72-1.75x, four 1.45-1.50x, 8-16 1.19-1.33x.
  * - Intel Xeon with AMX, three runs: 3 ran one row at 0.94x and two at 1.01x; 2 ran one row
  *   1.04-1.06x faster, two 1.20-1.23x, 4-16 1.08-1.17x.
+ * - AMD EPYC without AVX-512 (Zen 3), 2026-12-07: 3 against 0 one row 1.00-1.10x faster (six
+ *   runs), 2-16 rows 0.99-1.11x (three runs); 2 against 3 level at one row (0.96-1.07x), two
+ *   rows 1.01-1.14x faster. 7 against 3: two rows 1.10-1.14x faster in five runs (three of a
+ *   variant prefetching one, two, four or eight outputs ahead, all alike; two of this code); one
+ *   row with the same prefetch 0.93-1.02x, so one row does not prefetch.
  * Every tile computes a (row, output) pair with the same instructions and a prefetch reads
  * nothing into the computation, so the results are the same bits whichever path a call takes.
  * Returns 0, or -1 for a shape it cannot take. */
@@ -92,7 +100,10 @@ int tss_rows_linear_f32(const float *x, long ldx, long M, const float *w, long l
   if (M < 1 || N < 1 || K < 1 || ldw < K || ldx < K || ldo < N) return -1;
   long n = 0;
   if ((schedule & 1) && M <= 2) {
-    for (; n < N; n++) TILES_J1[M](x, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + n, ldo, K, 0);
+    const long ahead = (schedule & 4) && M == 2 ? 2 : 0;
+    for (; n < N; n++)
+      TILES_J1[M](x, ldx, w + n * ldw, ldw, bias ? bias + n : 0, out + n, ldo, K,
+                  ahead && n + ahead < N ? w + (n + ahead) * ldw : 0);
     return 0;
   }
   for (; n + 6 <= N; n += 6)

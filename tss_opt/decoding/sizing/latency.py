@@ -42,7 +42,7 @@ DEFAULT_DIR = Path("storage/tree_sizing")
 ENV_DIR = "TSS_TREE_SIZING_DIR"
 """Environment variable naming the cache folder instead of ``./storage/tree_sizing`` (the test
 suite points it at a temporary folder, so tiny test models never write into the checkout)."""
-SCHEDULE_KEYS: dict[str, str] = {"earlier": "", "blocks": "+stream", "prefetch": "+prefetch"}
+SCHEDULE_KEYS: dict[str, str] = {"earlier": "", "blocks": "+stream", "prefetch": "+prefetch", "ahead": "+ahead"}
 """The suffix a latency table's key takes for our rows kernels' schedule (``rows.SCHEDULE``);
 ``blocks`` keeps ``+stream``, its name while it was the only new schedule."""
 
