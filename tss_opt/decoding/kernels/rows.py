@@ -37,10 +37,10 @@ computes each output with the same instructions, so the bits never depend on it:
   the earlier schedule this was level for 1-4 bfloat16 rows (0.97-1.04x), 1.04-1.21x faster
   for 1-2 float32 rows and 1.08-1.48x on wider steps (three runs).
 - ``ahead`` (AMD without AVX-512: Zen 2 and 3): ``blocks``, where two float32 rows also
-  prefetch the weights two outputs ahead. On a Zen 3 EPYC (2026-12-07, three runs) two rows ran
-  1.12-1.14x faster than in ``blocks`` and one row, which does not prefetch, alike; ``blocks``
-  itself was 1.00-1.10x faster than the earlier schedule there. Our bfloat16 kernel, which
-  needs AVX-512, reads as in ``blocks``.
+  prefetch the weights two outputs ahead. On a Zen 3 EPYC (2026-12-07, five runs) two rows ran
+  1.10-1.14x faster than in ``blocks`` and one row, which does not prefetch, alike; ``blocks``
+  itself was 1.00-1.10x faster than the earlier schedule there at one row (six runs). Our
+  bfloat16 kernel, which needs AVX-512, reads as in ``blocks``.
 - ``earlier``: the groups, no prefetch: the schedule before 2026-12-07.
 
 ``TSS_ROWS_STREAM`` overrides the choice: ``0`` (``earlier``), ``blocks``, ``prefetch`` or
