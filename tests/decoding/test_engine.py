@@ -72,6 +72,27 @@ def test_stats_without_drafter(tiny, prompt):
     assert s.draft_proposed == 0 and s.new_tokens == 10
 
 
+def test_a_requests_cache_appends_in_place(tiny, prompt):
+    """Every running layer's keys live in one buffer sized to the request from the prefill on:
+    the steps write into it (same storage) instead of concatenating a new tensor each time."""
+    from tss_opt.decoding.cache import InPlaceLayer, request_capacity
+    from tss_opt.decoding.tree import DraftTree
+
+    engine = SpeculativeEngine(TargetModel(tiny.model))
+    req = engine.prefill(prompt, 8, frozenset({1}), "verify", 0.0, None)
+    layers = req.cache.layers
+    assert all(isinstance(layer, InPlaceLayer) and layer.capacity == request_capacity(len(prompt), 8) for layer in layers)
+    storage = [layer.keys.untyped_storage().data_ptr() for layer in layers]
+    with engine.target.skip({1}):
+        for _ in range(3):
+            tree = DraftTree.empty()
+            logits, hidden = engine.verify(req, tree)
+            accepted, committed = engine.accept(req, tree, logits)
+            engine.commit(req, tree, accepted, committed, logits, hidden)
+    assert [layer.keys.untyped_storage().data_ptr() for layer in layers] == storage
+    assert [layer.get_seq_length() for layer in layers] == [len(prompt) + 3 if i != 1 else len(prompt) for i in range(4)]
+
+
 def test_stats_count_accepted_drafts(tiny, prompt):
     engine = SpeculativeEngine(TargetModel(tiny.model), DraftModelDrafter(tiny.model, num_tokens=4))
     s = engine.generate(prompt, max_new_tokens=21).stats

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tss_opt.decoding.batch_budget import DepthPolicy, RowOdds
-from tss_opt.decoding.cache import preallocate
+from tss_opt.decoding.cache import request_capacity
 from tss_opt.decoding.drafter import Drafter
 from tss_opt.decoding.engine import GenerationResult, SpeculativeEngine, _Request, checked_request
 from tss_opt.decoding.prefill import DensePrefill
@@ -45,11 +45,6 @@ from tss_opt.decoding.tree import DraftTree
 from tss_opt.decoding.verify.relaxed import Verifier
 
 __all__ = ["BatchEngine", "Row", "RowStep"]
-
-# Positions a row's cache holds beyond its prompt and output: a draft tree's slots while it
-# is verified (a larger tree grows the buffer once).
-TREE_ROOM = 64
-
 
 @dataclass(eq=False)
 class Row:
@@ -206,10 +201,8 @@ class BatchEngine:
             seed=seed, tag=tag, features=[] if record_features else None,
         )
         if prefill is not None:  # restored now: the row's first step is already a verification
+            # The copy grows in place (engine.prefill), as the rows this engine prefills itself do.
             row.state = engine.prefill(prompt, max_new_tokens, row.skip, scope, row.temperature, seed, reused=prefill)
-            # The copy grows in place, as the rows this engine prefills itself do (a growing
-            # layer copies every cached token at every step).
-            preallocate(row.state.cache, len(prompt) + max_new_tokens + TREE_ROOM)
             self._record(row, prefill.hidden, prefill.logits)
         self.rows.append(row)
         return row
@@ -254,7 +247,7 @@ class BatchEngine:
                 row.state = row.engine.start(row.prompt, row.max_new_tokens, row.skip, row.temperature, row.seed)
                 prefill_skip = row.skip if row.scope == "all" else frozenset()
                 # Room for the request and a draft tree: appends in place, no copy per step.
-                cache = self.target.new_cache(capacity=len(row.prompt) + row.max_new_tokens + TREE_ROOM)
+                cache = self.target.new_cache(capacity=request_capacity(len(row.prompt), row.max_new_tokens))
                 inputs.append(RaggedRow(cache=cache, skip=prefill_skip, prompt=row.prompt))
                 trees.append(None)
             else:

@@ -35,6 +35,16 @@ def _cache_keyword() -> str:
 
 CACHE_KEYWORD = _cache_keyword()
 
+TREE_ROOM = 64
+"""Positions a request's cache holds beyond its prompt and output: a draft tree's slots while
+it is verified (a larger tree grows the buffer once, :class:`InPlaceLayer`)."""
+
+
+def request_capacity(prompt_len: int, max_new_tokens: int) -> int:
+    """Positions a request's in-place cache is made with: its prompt, its output and
+    :data:`TREE_ROOM` (the engine's and the batch engine's requests)."""
+    return prompt_len + max_new_tokens + TREE_ROOM
+
 
 def with_cache(cache: DynamicCache | None) -> dict[str, Any]:
     """``{keyword: cache}`` for a model's or a decoder layer's forward (``**with_cache(c)``)."""
@@ -48,7 +58,7 @@ class SkipAwareCache(DynamicCache):
         capacity: ``None``: layers grow by concatenation (transformers' own layers). An
             integer: every layer appends in place into a buffer of that many positions
             (:class:`InPlaceLayer`), so a step costs its new tokens rather than a copy of the
-            whole cache (the batch engine: one cache per row, sized to its request).
+            whole cache (every request of the engines, sized by :func:`request_capacity`).
     """
 
     def __init__(self, *args: object, capacity: int | None = None, **kwargs: object) -> None:
@@ -84,7 +94,7 @@ class InPlaceLayer(DynamicLayer):
 
     def _get(self, name: str) -> torch.Tensor | None:
         buf = self._buf[name]
-        return None if buf is None else buf[..., : self._len[name], :]
+        return None if buf is None else buf.narrow(-2, 0, self._len[name])  # narrow: cheaper than [..., :n, :] (engine.md)
 
     def _set(self, name: str, value: torch.Tensor | None) -> None:
         buf = self._buf[name]
@@ -137,12 +147,15 @@ class InPlaceLayer(DynamicLayer):
         returns views of everything cached."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        out = []
         for name, new in (("keys", key_states), ("values", value_states)):
             n0, n = self._len[name], new.shape[-2]
             self._ensure(name, new, n0 + n)
-            self._buf[name][..., n0 : n0 + n, :] = new  # type: ignore[index]
+            buf = self._buf[name]
+            buf.narrow(-2, n0, n).copy_(new)  # type: ignore[union-attr]
             self._len[name] = n0 + n
-        return self.keys, self.values  # type: ignore[return-value]
+            out.append(buf.narrow(-2, 0, n0 + n))  # type: ignore[union-attr]
+        return out[0], out[1]
 
 
 def preallocate(cache: DynamicCache, capacity: int) -> None:

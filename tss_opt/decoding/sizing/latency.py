@@ -191,7 +191,7 @@ def measure_latency(
     the tree's shape); the cache is cropped back after each forward. The median of
     ``repeats`` timings after one warm-up round is kept; sizes are interleaved per round.
     """
-    from tss_opt.decoding.cache import crop_to
+    from tss_opt.decoding.cache import crop_to, request_capacity
 
     load, cpus = host_load()
     sizes = sorted({int(n) for n in sizes} | {0})
@@ -200,7 +200,7 @@ def measure_latency(
     vocab = int(target.model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (prefix_len,), generator=gen)
-    cache = target.new_cache()
+    cache = target.new_cache(capacity=request_capacity(prefix_len, max(sizes) + 1))  # in place, as the engine's
     target.prefill(prompt, cache)
     sync = torch.cuda.synchronize if torch.device(target.device).type == "cuda" else (lambda: None)
     trees = {n: DraftTree.chain(torch.randint(0, vocab, (n,), generator=gen)) for n in sizes}
